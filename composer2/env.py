@@ -303,7 +303,7 @@ def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, c
     if root: a += ['--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID']
     else: a += ['--unshare-user', '--uid', str(os.getuid()), '--gid', str(os.getgid())]
     a += _system_binds()
-    a += ['--proc', '/proc', '--dev', '/dev', '--size', str(lim.tmp_mb << 20), '--tmpfs', '/tmp']
+    a += ['--proc', '/proc', '--dev', '/dev', '--perms', '1777', '--size', str(lim.tmp_mb << 20), '--tmpfs', '/tmp']
     if workspace is not None: a += ['--bind', str(workspace), INNER_ROOT]
     else: a += ['--dir', INNER_ROOT]
     a += ['--chdir', cwd, '--remount-ro', '/', '--clearenv']

@@ -1,0 +1,436 @@
+"Sandbox containment, limits, snapshots, forks, diffs and pool failover (composer2.env)."
+import os, random, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+from pathlib import Path
+
+import pytest
+
+from composer2.config import ConfigError
+from composer2.env import (Limits, RunResult, Sandbox, SandboxDied, SandboxError, SandboxPool, Episode, Snapshot,
+                           WorkspacePathError, bwrap_available, sandbox_support, overlay_available, confine,
+                           tree_hash, tree_diff, diff_stats, truncate_middle, base_dir, INNER_ROOT)
+
+OK, WHY = sandbox_support()
+needs_bwrap = pytest.mark.skipif(not OK, reason=f"sandbox tests skipped: {WHY}")
+BACKENDS = ['overlay', 'copy'] if overlay_available() else ['copy']
+# a uid of our own, so "nothing of the sandbox is left running" can be checked without seeing other users' sandboxes
+UID = random.randint(61000, 64999) if os.geteuid() == 0 else os.getuid()
+
+
+def procs_of(uid: int) -> list[str]:
+    out = []
+    for d in Path('/proc').iterdir():
+        if not d.name.isdigit(): continue
+        try:
+            st = (d / 'status').read_text()
+            uids = next(l for l in st.splitlines() if l.startswith('Uid:')).split()[1:]
+            if int(uids[0]) == uid: out.append((d / 'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace'))
+        except (OSError, StopIteration): pass
+    return out
+
+
+def wait_no_procs(uid, secs=5.0):
+    t = time.monotonic() + secs
+    while time.monotonic() < t:
+        if not procs_of(uid): return []
+        time.sleep(0.05)
+    return procs_of(uid)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = tmp_path / 'repo'
+    (r / 'pkg').mkdir(parents=True)
+    (r / 'pkg/__init__.py').write_text('')
+    (r / 'pkg/calc.py').write_text('def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n')
+    (r / 'tests').mkdir()
+    (r / 'tests/test_calc.py').write_text('from pkg.calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n')
+    (r / 'README.md').write_text('# demo\nno newline at end')
+    (r / 'data').mkdir(); (r / 'data/blob.bin').write_bytes(bytes(range(256)) * 4)
+    (r / 'old').mkdir(); (r / 'old/a.txt').write_text('a\n'); (r / 'old/b.txt').write_text('b\n')
+    return r
+
+
+@pytest.fixture
+def sb(repo):
+    s = Sandbox(repo, Limits(wall_s=20, nproc=48, mem_mb=768), uid=UID)
+    yield s
+    s.close()
+    assert wait_no_procs(UID) == []
+
+
+# ---------------------------------------------------------------- pure helpers (no bwrap needed)
+
+def test_limits_are_validated():
+    assert Limits().nproc == 64
+    for bad in [dict(cpu_s=0), dict(mem_mb=-1), dict(nproc=2), dict(wall_s='x'), dict(output_bytes=True)]:
+        with pytest.raises(ConfigError, match='Limits'): Limits(**bad)
+
+
+def test_truncate_middle_keeps_head_and_tail():
+    t, cut = truncate_middle('A' * 50 + 'B' * 50, 20)
+    assert cut and t.startswith('A' * 10) and t.endswith('B' * 10) and '80 characters truncated' in t
+
+
+def test_confine_refuses_escapes(tmp_path):
+    (tmp_path / 'd').mkdir(); (tmp_path / 'd/f').write_text('x')
+    os.symlink('/etc', tmp_path / 'etc'); os.symlink('..', tmp_path / 'd/up'); os.symlink('../..', tmp_path / 'd/up2')
+    assert confine(tmp_path, 'd/up/d/f') == tmp_path / 'd/f'
+    assert confine(tmp_path, f'{INNER_ROOT}/d/f') == tmp_path / 'd/f'
+    for bad, msg in [('../x', "'..'"), ('/etc/passwd', 'outside'), ('etc/passwd', 'symlink'), ('d/up2/x', "'..'"),
+                     ('d/../../x', "'..'")]:
+        with pytest.raises(WorkspacePathError, match=msg): confine(tmp_path, bad)
+
+
+def test_tree_diff_roundtrips_through_patch(tmp_path, repo):
+    new = tmp_path / 'new'; shutil.copytree(repo, new)
+    (new / 'pkg/calc.py').write_text('def add(a, b):\n    return a - b\n')
+    (new / 'README.md').write_text('# demo\nnow with newline\n')
+    (new / 'pkg/extra.py').write_text('X = 1')
+    shutil.rmtree(new / 'old')
+    d = tree_diff(repo, new)
+    st = diff_stats(d)
+    assert (st['files'], st['added'], st['removed']) == (5, 2, 7), (st, d)
+    tgt = tmp_path / 'tgt'; shutil.copytree(repo, tgt)
+    subprocess.run(['patch', '-s', '-p1', '-d', str(tgt)], input=d.encode(), check=True)
+    shutil.rmtree(tgt / 'old', ignore_errors=True)  # patch leaves the emptied directory
+    assert tree_hash(tgt) == tree_hash(new)
+
+
+def test_tree_hash_sees_content_mode_and_names(tmp_path, repo):
+    h = tree_hash(repo)
+    os.chmod(repo / 'README.md', 0o600); assert tree_hash(repo) != h
+    os.chmod(repo / 'README.md', 0o644); assert tree_hash(repo) == h
+    (repo / 'pkg/__init__.py').write_text(' '); assert tree_hash(repo) != h
+
+
+def test_sandbox_support_reports_a_reason():
+    ok, why = sandbox_support()
+    assert ok == bwrap_available() and (ok or why)
+
+
+# ---------------------------------------------------------------- basics
+
+@needs_bwrap
+def test_runs_as_unprivileged_uid_with_host_python_and_readonly_system(sb, repo):
+    r = sb.run('id -u; python -c "import os, sys, test; print(os.path.realpath(sys.executable)); print(sys.prefix)"; pwd')
+    assert r.ok, r
+    assert r.stdout.split() == [str(UID), os.path.realpath(sys.executable), sys.prefix, INNER_ROOT]
+    r = sb.run('python -m pytest -q -p no:cacheprovider tests', timeout=60)
+    assert r.ok and '1 passed' in r.stdout, r
+    assert sb.backend in BACKENDS
+
+
+@needs_bwrap
+def test_workspace_is_a_copy_and_repo_is_untouched(sb, repo):
+    h = tree_hash(repo)
+    r = sb.run('echo changed > pkg/calc.py && rm -r old && mkdir new && touch new/f')
+    assert r.ok, r
+    assert tree_hash(repo) == h and sb.read_file('pkg/calc.py') == 'changed\n'
+    sb.write_file('deep/er/file.txt', 'host wrote')
+    r = sb.run('cat deep/er/file.txt && echo more >> deep/er/file.txt && touch deep/er/x')
+    assert r.ok and r.stdout == 'host wrote', r   # host-written files are writable by the sandbox uid
+
+
+# ---------------------------------------------------------------- containment
+
+@needs_bwrap
+def test_write_outside_workspace_is_contained(sb, repo, tmp_path):
+    h = tree_hash(repo)
+    victim = tmp_path / 'victim.txt'; victim.write_text('safe')
+    os.chmod(tmp_path, 0o755)
+    cmds = ['echo x > /usr/evil', 'echo x > ../evil', 'echo x > /evil', 'echo x > /etc/passwd',
+            f'echo x > {victim}', 'ln -s /etc etc_link && echo x > etc_link/evil',
+            'ln -s ../../../../../../ up && echo x > up/evil', 'touch /tmp/../evil']
+    for c in cmds:
+        r = sb.run(c)
+        assert r.exit_code != 0, (c, r)
+        assert any(m in r.stderr for m in ('Read-only file system', 'No such file', 'Permission denied', 'nonexistent')), (c, r)
+    assert not Path('/evil').exists() and not Path('/usr/evil').exists() and not Path('/etc/evil').exists()
+    assert victim.read_text() == 'safe' and tree_hash(repo) == h
+    # the host-side helpers refuse the same escapes, through ../ and through the symlinks just made
+    for bad in ['../evil', '/etc/evil', 'etc_link/evil', 'up/evil', str(victim)]:
+        with pytest.raises(WorkspacePathError): sb.write_file(bad, 'x')
+        with pytest.raises(WorkspacePathError): sb.read_file(bad)
+    assert sb.run('echo still works').stdout == 'still works\n'
+
+
+@needs_bwrap
+def test_host_tmp_is_invisible(sb):
+    fd, marker = tempfile.mkstemp(prefix='composer2-marker-', dir='/tmp'); os.close(fd)
+    os.chmod(marker, 0o644)
+    try:
+        r = sb.run(f'cat {marker}; ls -A /tmp | wc -l; echo private > /tmp/mine; cat /tmp/mine')
+        assert 'No such file' in r.stderr and r.stdout.split() == ['0', 'private'], r
+        assert Path(marker).read_text() == '' and not Path('/tmp/mine').exists()
+        assert sb.run('ls -A /tmp | wc -l').stdout.strip() == '0'  # /tmp is private to each command
+    finally: os.unlink(marker)
+
+
+@needs_bwrap
+def test_no_network(sb):
+    code = ("import socket\n"
+            "for addr in [('1.1.1.1', 53), ('8.8.8.8', 443)]:\n"
+            "    try: socket.create_connection(addr, timeout=2); print('CONNECTED')\n"
+            "    except OSError as e: print('blocked', e.errno)\n"
+            "try: socket.getaddrinfo('pypi.org', 443); print('RESOLVED')\n"
+            "except OSError: print('no dns')\n"
+            "print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]))\n")
+    sb.write_file('net.py', code)
+    r = sb.run('python net.py', timeout=20)
+    assert 'CONNECTED' not in r.stdout and 'RESOLVED' not in r.stdout and "['lo']" in r.stdout, r
+    assert r.stdout.count('blocked') == 2
+    assert sb.run('echo ok').stdout == 'ok\n'
+
+
+@needs_bwrap
+def test_fork_bomb_is_stopped_by_nproc(sb):
+    t0 = time.monotonic()
+    r = sb.run('bomb() { bomb | bomb & }; bomb; sleep 2; echo done', timeout=8)
+    assert time.monotonic() - t0 < 10, r
+    assert 'fork' in (r.stderr + r.stdout).lower() or r.timed_out, r
+    assert wait_no_procs(UID) == []
+    assert subprocess.run(['true']).returncode == 0          # the host can still fork
+    assert sb.run('echo alive').stdout == 'alive\n'
+
+
+@needs_bwrap
+def test_nproc_is_per_sandbox(repo):
+    "A fork bomb in one sandbox does not starve another sandbox running as the same uid."
+    lim = Limits(nproc=40, wall_s=10)
+    with Sandbox(repo, lim, uid=UID) as a, Sandbox(repo, lim, uid=UID) as b:
+        th = threading.Thread(target=lambda: a.run('bomb() { bomb | bomb & }; bomb; sleep 3', timeout=5)); th.start()
+        time.sleep(1.0)
+        r = b.run('for i in $(seq 25); do sleep 1 & done; wait; echo spawned')
+        th.join()
+    assert r.ok and r.stdout == 'spawned\n', r
+
+
+@needs_bwrap
+def test_memory_bomb_is_contained(repo):
+    with Sandbox(repo, Limits(mem_mb=256, wall_s=20), uid=UID) as s:
+        r = s.run('python -c "x = bytearray(2 * 1024**3)"')
+        assert r.exit_code != 0 and 'MemoryError' in r.stderr, r
+        r = s.run('python -c "\nchunks = []\nwhile True: chunks.append(bytearray(16 << 20))"')
+        assert r.exit_code != 0 and 'MemoryError' in r.stderr and r.duration < 10, r
+        assert s.run('python -c "print(sum(range(10)))"').stdout == '45\n'
+
+
+@needs_bwrap
+def test_infinite_loop_hits_wall_clock_and_cpu_limits(repo):
+    with Sandbox(repo, Limits(cpu_s=1, wall_s=20), uid=UID) as s:
+        r = s.run('while :; do :; done', timeout=1.0)
+        assert r.timed_out and r.exit_code == 124 and 'wall-clock' in r.reason and r.duration < 3, r
+        r = s.run('python -c "while True: pass"', timeout=15)
+        assert not r.timed_out and r.exit_code == 128 + 24 and 'CPU' in r.reason and r.duration < 6, r
+        assert wait_no_procs(UID) == []
+        assert s.run('echo ok').ok
+
+
+@needs_bwrap
+def test_file_size_limit(repo):
+    with Sandbox(repo, Limits(fsize_mb=1), uid=UID) as s:
+        r = s.run('python -c "open(\'big\', \'wb\').write(bytes(4 << 20))"')
+        assert r.exit_code != 0 and ('File too large' in r.stderr or 'SIGXFSZ' in r.reason), r
+        assert s.path('big').stat().st_size <= 1 << 20
+
+
+@needs_bwrap
+def test_daemons_do_not_survive_the_command(sb):
+    t0 = time.monotonic()
+    r = sb.run('(setsid sleep 300 &); nohup sleep 301 > /dev/null 2>&1 & '
+               'setsid sh -c "sleep 302" < /dev/null > /dev/null 2>&1 & echo started')
+    assert r.ok and r.stdout == 'started\n' and time.monotonic() - t0 < 5, r
+    assert wait_no_procs(UID) == []
+    assert not any('sleep 30' in c for c in procs_of(UID))
+    assert sb.run('ps -e -o comm= | grep -c sleep || true').stdout.strip() == '0'
+
+
+@needs_bwrap
+def test_output_flood_is_truncated(repo):
+    with Sandbox(repo, Limits(output_bytes=1000, kill_output_bytes=8 << 20), uid=UID) as s:
+        r = s.run('head -c 5000000 /dev/zero | tr "\\0" a; echo END')
+        assert r.ok and r.truncated and len(r.stdout) < 1200 and r.stdout.endswith('END\n') and r.stdout.startswith('a' * 400), r
+        assert 'bytes truncated' in r.stdout
+        t0 = time.monotonic()
+        r = s.run('yes flood', timeout=30)
+        assert r.exit_code == 125 and 'flood' in r.reason and time.monotonic() - t0 < 10 and len(r.stdout) < 1200, r
+        r = s.run('yes err >&2', timeout=0.5)
+        assert r.truncated and len(r.stderr) < 1200, r
+        assert s.run('echo fine').stdout == 'fine\n'
+
+
+@needs_bwrap
+def test_kill_all_is_contained(sb):
+    # a host process of the same uid, outside the sandbox: `kill -9 -1` inside must not reach it
+    host = subprocess.Popen(['sleep', '30'], user=UID if os.geteuid() == 0 else None)
+    try:
+        r = sb.run('sleep 100 & sleep 101 & kill -9 -1; echo survived')
+        assert r.stdout == 'survived\n', r
+        assert host.poll() is None
+        assert sb.run('echo next').stdout == 'next\n'
+    finally: host.kill(); host.wait()
+
+
+@needs_bwrap
+def test_bad_arguments_are_clear(sb):
+    with pytest.raises(ValueError, match='non-empty'): sb.run('')
+    with pytest.raises(ValueError, match='timeout'): sb.run('true', timeout=0)
+    with pytest.raises(WorkspacePathError): sb.run('true', cwd='../')
+    with pytest.raises(WorkspacePathError, match='not a directory'): sb.run('true', cwd='README.md')
+    assert sb.run('pwd', cwd='pkg').stdout == f'{INNER_ROOT}/pkg\n'
+    with pytest.raises(SandboxError, match='does not exist'): Sandbox('/nonexistent/repo')
+
+
+# ---------------------------------------------------------------- snapshots, forks, diffs
+
+def _mutate(s: Sandbox):
+    r = s.run('echo "def add(a, b):\n    return a * b" > pkg/calc.py; rm -r old; mkdir -p new/deep; echo n > new/deep/n.txt; '
+              'chmod 600 README.md; rm data/blob.bin; ln -s pkg/calc.py link.py; mkdir old; echo again > old/c.txt')
+    assert r.ok, r
+
+
+@needs_bwrap
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_snapshot_change_restore_gives_exact_tree(repo, backend):
+    with Sandbox(repo, backend=backend, uid=UID) as s:
+        s.run('echo pre > pre.txt')
+        h0 = s.tree_hash(); snap = s.snapshot(meta={'step': 3})
+        assert s.last_snapshot is snap and snap.meta == {'step': 3} and snap.backend == backend
+        _mutate(s); assert s.tree_hash() != h0
+        s.restore(snap); assert s.tree_hash() == h0
+        _mutate(s); s.restore(snap); assert s.tree_hash() == h0    # a snapshot can be restored many times
+        assert s.run('cat pre.txt && echo post > post.txt').stdout == 'pre\n'
+        snap.discard(); assert not snap.path.exists()
+        with pytest.raises(SandboxError, match='discarded'): s.restore(snap)
+
+
+@needs_bwrap
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_fork_is_independent(repo, backend):
+    s = Sandbox(repo, backend=backend, uid=UID)
+    s.write_file('shared.txt', 'before fork\n')
+    c = s.fork()
+    assert c.tree_hash() == s.tree_hash() and c.workspace != s.workspace
+    s.run('echo parent >> shared.txt'); c.run('echo child >> shared.txt; rm -r pkg')
+    assert s.read_file('shared.txt') == 'before fork\nparent\n' and c.read_file('shared.txt') == 'before fork\nchild\n'
+    assert s.path('pkg/calc.py').exists() and not c.path('pkg').exists()
+    s.close()                                     # the child keeps working after its parent is gone
+    assert c.run('cat shared.txt').stdout == 'before fork\nchild\n'
+    c.close()
+
+
+@needs_bwrap
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_diff_applies_to_a_fresh_copy(repo, tmp_path, backend):
+    with Sandbox(repo, backend=backend, uid=UID) as s:
+        _mutate(s)
+        s.run('python -c "import pkg.calc"')       # caches are left out of the diff
+        d = s.diff()
+        assert '__pycache__' not in d and '-    return a + b\n' in d and '+    return a * b\n' in d and '+++ b/new/deep/n.txt' in d
+        assert 'Binary files a/data/blob.bin and /dev/null differ' in d
+        assert diff_stats(d)['changed_lines'] >= 6
+        assert s.changed_paths() if backend == 'overlay' else True
+    with Sandbox(repo, backend=backend, uid=UID) as s:
+        s.run("sed -i 's/a - b/b - a/' pkg/calc.py; echo 'new' > n.py")
+        tgt = tmp_path / 'tgt'; shutil.copytree(repo, tgt)
+        subprocess.run(['patch', '-s', '-p1', '-d', str(tgt)], input=s.diff().encode(), check=True)
+        assert tree_hash(tgt) == s.tree_hash(exclude=('__pycache__',))
+
+
+@needs_bwrap
+def test_overlay_snapshot_cost_follows_changes_not_repo_size(tmp_path):
+    if 'overlay' not in BACKENDS: pytest.skip('overlayfs cannot be mounted here')
+    big = tmp_path / 'big'; big.mkdir()
+    for i in range(400): (big / f'f{i}.py').write_text('x = 1\n' * 200)
+    with Sandbox(big, uid=UID) as s:
+        assert s.backend == 'overlay'
+        s.write_file('f1.py', 'changed')
+        snap = s.snapshot()
+        files = [p for p in snap.path.rglob('*') if p.is_file()]
+        assert [p.name for p in files] == ['f1.py']                     # only the change was copied
+        assert s.changed_paths() == ['f1.py'] and diff_stats(s.diff())['files'] == 1
+
+
+@needs_bwrap
+def test_close_leaves_nothing_mounted_or_running(repo):
+    s = Sandbox(repo, uid=UID)
+    root = s.workspace.parent
+    th = threading.Thread(target=lambda: pytest.raises(Exception, s.run, 'sleep 60')); th.start()
+    time.sleep(0.5)
+    s.kill(); th.join(10); s.close()
+    assert s.closed and not root.exists()
+    assert str(root) not in Path('/proc/self/mounts').read_text()
+    assert wait_no_procs(UID) == []
+    with pytest.raises(SandboxError, match='closed'): s.run('true')
+
+
+@needs_bwrap
+def test_vanished_mount_is_a_dead_sandbox(repo):
+    if 'overlay' not in BACKENDS: pytest.skip('overlayfs cannot be mounted here')
+    from composer2.env import _umount
+    with Sandbox(repo, uid=UID) as s:
+        _umount(s.workspace)
+        with pytest.raises(SandboxDied, match='no longer mounted'): s.run('true')
+
+
+# ---------------------------------------------------------------- pool and failover
+
+@needs_bwrap
+def test_pool_fails_over_a_killed_sandbox_and_completes(repo):
+    pool = SandboxPool(max_concurrency=3, retries=2)
+    def episode(s, item):
+        if s.resumed_from is None:
+            s.write_file('step.txt', f'{item}:1\n'); s.snapshot(meta={'step': 1})
+            s.write_file('lost.txt', 'after the snapshot')
+            pid = []
+            def assassin():                                   # kill bwrap from outside, like a crashed worker
+                for _ in range(200):
+                    p = s._st.proc
+                    if p is not None: time.sleep(0.2); os.kill(p.pid, signal.SIGKILL); return
+                    time.sleep(0.01)
+            threading.Thread(target=assassin).start()
+            s.run('sleep 30')
+            raise AssertionError('the sandbox should have died')
+        assert s.resumed_from.meta == {'step': 1} and not s.path('lost.txt').exists()
+        s.run(f'echo {item}:2 >> step.txt')
+        return s.read_file('step.txt')
+    t0 = time.monotonic()
+    res = pool.run(episode, [Episode(repo, i, name=f'ep{i}') for i in range(3)])
+    assert time.monotonic() - t0 < 20
+    assert [r.value for r in res] == [f'{i}:1\n{i}:2\n' for i in range(3)], res
+    assert all(r.ok and r.attempts == 2 for r in res)
+    assert sorted(f.episode for f in pool.failures) == ['ep0', 'ep1', 'ep2']
+    assert all(f.kind == 'SandboxDied' and f.resumed_from for f in pool.failures)
+
+
+@needs_bwrap
+def test_pool_records_errors_and_gives_up_after_retries(repo):
+    pool = SandboxPool(max_concurrency=2, retries=1)
+    calls = []
+    def always_dies(s, item): calls.append(item); s.kill(); s.run('true')
+    def buggy(s, item): calls.append(item); raise KeyError('bug in the episode')
+    r1, = pool.run(always_dies, [Episode(repo, 'd')])
+    r2, = pool.run(buggy, [Episode(repo, 'b')])
+    assert not r1.ok and r1.attempts == 2 and 'SandboxDied' in r1.error and calls.count('d') == 2
+    assert not r2.ok and r2.attempts == 1 and 'KeyError' in r2.error and calls.count('b') == 1
+    assert [f.kind for f in pool.failures] == ['SandboxDied', 'SandboxDied', 'KeyError']
+
+
+@needs_bwrap
+def test_pool_respects_concurrency(repo):
+    pool = SandboxPool(max_concurrency=2)
+    live, peak, lock = [0], [0], threading.Lock()
+    def ep(s, i):
+        with lock: live[0] += 1; peak[0] = max(peak[0], live[0])
+        s.run('sleep 0.3')
+        with lock: live[0] -= 1
+        return i
+    res = pool.map(ep, repo, range(5))
+    assert [r.value for r in res] == list(range(5)) and peak[0] == 2
+
+
+def test_no_stale_layers_left_behind():
+    "Runs last in this file: everything this process made under the sandbox directory is gone."
+    import gc; gc.collect()
+    mine = [d.name for d in base_dir().iterdir() if d.name.split('-')[1:2] == [str(os.getpid())]]
+    assert mine == [], mine
