@@ -6,6 +6,7 @@
 from __future__ import annotations
 import argparse, importlib, sys, time
 from .config import ConfigError, make_workspace
+from .train import CheckpointError
 
 # %% auto #0
 __all__ = ['STAGES', 'resolve_stage', 'main']
@@ -51,7 +52,7 @@ def main(argv=None):
         resolve_stage(a.name)(a.params)
         print(f"stage {a.name} finished in {time.time() - t0:.1f}s", file=sys.stderr)
         return 0
-    except ConfigError as e:
+    except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr); return 2
 
 # %% ../nbs/90_cli.ipynb #c007

@@ -173,7 +173,7 @@ def build_corpus(cfg: DataConfig) -> tuple[dict[str, list[Doc]], dict, dict]:
     held = [d for d in code if d.module in cfg.heldout_modules]
     train = [d for d in code if d.module not in cfg.heldout_modules]
     rng.shuffle(train)
-    if cfg.max_code_files: train = train[:cfg.max_code_files]; held = held[:max(4, cfg.max_code_files // 8)]
+    if cfg.max_code_files: train = train[:cfg.max_code_files]; held = held[:max(8, cfg.max_code_files // 4)]
     n_val = max(1, int(len(train) * cfg.val_fraction))
     val, train = train[:n_val], train[n_val:]
     prose = iter_prose(cfg.prose_dirs, cfg.prose_max_bytes, cfg.max_file_bytes)
