@@ -1,0 +1,144 @@
+"""composer2.lowp: the NVFP4-forward / MXFP8-backward linear and grouped linear."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from composer2 import quant as Q
+from composer2.lowp import (LowpConfig, grad_errors, grouped_linear, lowp_config, lowp_grouped_linear, lowp_linear,
+                            train_mlp)
+
+EXACT = LowpConfig(sr=False, rht=False)
+
+
+def fq8(t, elem='e4m3', rule='rceil'):
+    return Q.fake_quant_mxfp8(t.contiguous(), elem=elem, rule=rule)
+
+
+def test_forward_is_linear_on_fake_quantised_operands():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 5, 40), torch.randn(24, 40), torch.randn(24)
+    y = lowp_linear(x, w, b)
+    xq = Q.fake_quant_nvfp4(x.reshape(-1, 40), 'row').view(2, 5, 40)
+    assert torch.equal(y, F.linear(xq, Q.fake_quant_nvfp4(w, block2d=True), b))
+    assert y.shape == F.linear(x, w).shape
+
+
+def test_backward_operands_exact_without_sr_and_rht():
+    "dX = q8(dY)·q8_along_out(W); dW = q8_along_tokens(dYᵀ)·q8_along_tokens(Xᵀ)ᵀ; db = sum dY (fp32)."
+    torch.manual_seed(1)
+    x, w, b = torch.randn(50, 40, requires_grad=True), torch.randn(24, 40, requires_grad=True), torch.randn(24, requires_grad=True)
+    gy = torch.randn(50, 24)
+    lowp_linear(x, w, b, cfg=EXACT).backward(gy)
+    dx = fq8(gy) @ fq8(w.detach().t()).t()
+    dw = fq8(gy.t()) @ fq8(x.detach().t()).t()
+    assert torch.equal(x.grad, dx) and torch.equal(w.grad, dw) and torch.equal(b.grad, gy.sum(0))
+
+
+def test_backward_with_rht_exact():
+    torch.manual_seed(2)
+    x, w = torch.randn(37, 32, requires_grad=True), torch.randn(16, 32, requires_grad=True)
+    gy = torch.randn(37, 16)
+    lowp_linear(x, w, cfg=LowpConfig(sr=False, rht=True, rht_seed=5)).backward(gy)
+    tg, tx = Q.rht(gy, 0, 5), Q.rht(x.detach(), 0, 5)
+    assert torch.equal(w.grad, fq8(tg.t()) @ fq8(tx.t()).t())
+
+
+@pytest.mark.parametrize('cfg,tol', [(LowpConfig(), 0.07), (EXACT, 0.06), (LowpConfig(grad_elem='e5m2'), 0.12),
+                                     (LowpConfig(rule='floor'), 0.07)])
+def test_gradients_close_to_fp32(cfg, tol):
+    torch.manual_seed(3)
+    x, w = torch.randn(256, 128), torch.randn(96, 128) / 11
+    e = grad_errors(x, w, cfg)
+    assert e['dx'] < tol and e['dw'] < tol, e
+    assert e['dx'] > 1e-3 and e['dw'] > 1e-3          # it really is quantised
+
+
+def test_sr_is_random_and_switchable():
+    x, w = torch.randn(64, 32, requires_grad=True), torch.randn(32, 32, requires_grad=True)
+    gy = torch.randn(64, 32)
+    grads = []
+    for seed in (0, 1):
+        torch.manual_seed(seed); x.grad = None
+        lowp_linear(x, w, cfg=LowpConfig(sr=True)).backward(gy); grads.append(x.grad.clone())
+    assert not torch.equal(*grads)
+    with lowp_config(sr=False, rht=False):
+        a = torch.autograd.grad(lowp_linear(x, w), x, gy)[0]; b = torch.autograd.grad(lowp_linear(x, w), x, gy)[0]
+    assert torch.equal(a, b)
+
+
+def test_dtypes_and_errors():
+    x, w = torch.randn(3, 32, dtype=torch.bfloat16, requires_grad=True), torch.randn(16, 32, requires_grad=True)
+    y = lowp_linear(x, w); y.sum().backward()
+    assert y.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
+    with pytest.raises(ValueError, match='last dim'): lowp_linear(torch.randn(3, 31), w)
+    with pytest.raises(ValueError, match='bias'): lowp_linear(torch.randn(3, 32), w, torch.randn(3))
+    with pytest.raises(ValueError, match='w must be'): lowp_linear(torch.randn(3, 32), torch.randn(32))
+    with pytest.raises(Exception, match='grad_elem'): LowpConfig(grad_elem='e3m4')
+
+
+def test_grouped_linear_equals_naive_loop():
+    torch.manual_seed(4)
+    xs, ws = torch.randn(70, 24), torch.randn(4, 16, 24)
+    for counts in ([20, 0, 35, 15], [70, 0, 0, 0], [0, 0, 0, 70]):
+        naive, o = [], 0
+        for e, n in enumerate(counts):
+            naive.append(xs[o:o + n] @ ws[e].t()); o += n
+        assert torch.equal(grouped_linear(xs, ws, torch.tensor(counts)), torch.cat(naive))
+    assert grouped_linear(torch.zeros(0, 24), ws, [0, 0, 0, 0]).shape == (0, 16)
+    with pytest.raises(ValueError, match='sum'): grouped_linear(xs, ws, [1, 2, 3, 4])
+    with pytest.raises(ValueError, match='entries'): grouped_linear(xs, ws, [70])
+    with pytest.raises(ValueError, match='features'): grouped_linear(xs, torch.randn(4, 16, 25), [70, 0, 0, 0])
+
+
+def test_lowp_grouped_matches_per_expert_lowp_linear():
+    "Without SR the grouped path is exactly lowp_linear applied to each expert's rows (forward and backward)."
+    torch.manual_seed(5)
+    counts = [20, 0, 33, 17]
+    xs, ws = torch.randn(70, 48, requires_grad=True), torch.randn(4, 32, 48, requires_grad=True)
+    gy = torch.randn(70, 32)
+    y = lowp_grouped_linear(xs, ws, counts, cfg=LowpConfig(sr=False)); y.backward(gy)
+    o = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            assert torch.equal(ws.grad[e], torch.zeros(32, 48)); continue
+        xe, we = xs.detach()[o:o + n].clone().requires_grad_(), ws.detach()[e].clone().requires_grad_()
+        ye = lowp_linear(xe, we, cfg=LowpConfig(sr=False)); ye.backward(gy[o:o + n])
+        assert torch.equal(y[o:o + n], ye) and torch.equal(xs.grad[o:o + n], xe.grad) and torch.equal(ws.grad[e], we.grad)
+        o += n
+
+
+def test_lowp_grouped_gradients_close_to_fp32():
+    torch.manual_seed(6)
+    counts = torch.tensor([100, 60, 0, 96])
+    xs, ws = torch.randn(256, 64), torch.randn(4, 48, 64) / 8
+    gy = torch.randn(256, 48)
+    a, b = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+    grouped_linear(a, b, counts).backward(gy)
+    c, d = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+    lowp_grouped_linear(c, d, counts).backward(gy)
+    rel = lambda p, q: ((p - q).norm() / q.norm()).item()
+    assert rel(c.grad, a.grad) < 0.07 and rel(d.grad, b.grad) < 0.07
+
+
+@pytest.mark.slow
+def test_small_mlp_trains_close_to_fp32():
+    kw = dict(d=32, h=64, batch=64, lr=1e-2)
+    lf, ll = train_mlp('fp32', 80, **kw), train_mlp('lowp', 80, **kw)
+    mf, ml = sum(lf[-10:]) / 10, sum(ll[-10:]) / 10
+    assert ml < 0.3 * ll[0], (ll[0], ml)
+    assert ml < 1.25 * mf, (mf, ml)
+
+
+def test_model_runs_with_lowp_precision():
+    model = pytest.importorskip('composer2.model')
+    torch.manual_seed(0)
+    cfg = model.ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=16,
+                            n_experts=4, top_k=2, d_expert=32, n_shared_experts=1, n_dense_layers=1, d_dense=48,
+                            precision='nvfp4_mxfp8')
+    m = model.Transformer(cfg)
+    ids = torch.randint(0, 64, (2, 16))
+    out = m(ids)
+    logits = out.logits if hasattr(out, 'logits') else out
+    F.cross_entropy(logits.reshape(-1, 64), ids.reshape(-1)).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters() if p.requires_grad and p.grad is not None)
+    assert m.layers[1].ffn.w1.grad.abs().sum() > 0 if hasattr(m, 'layers') else True
