@@ -251,7 +251,7 @@ for p in files():
             if j in shown: continue
             shown.add(j); out.append(f"{rel}{':' if j == i or j in hits else '-'}{j + 1}{':' if j == i or j in hits else '-'}{lines[j]}")
         last = hi
-print("\n".join(out))
+if out: print("\n".join(out))
 if n > limit: print(f"[... {n - limit} more matches not shown; narrow the pattern, path or glob]")
 print(f"[{n} match{'es' if n != 1 else ''} in {nfiles} file{'s' if nfiles != 1 else ''}]")
 '''
@@ -327,8 +327,8 @@ class Toolbox:
         n = len(lines)
         s = 1 if start_line is None else start_line; e = n if end_line is None else end_line
         if s < 1: raise ToolError(f"start_line must be >= 1, got {s}")
-        if e < s: raise ToolError(f"end_line ({e}) is before start_line ({s})")
         if n and s > n: raise ToolError(f"start_line {s} is past the end of {path!r}, which has {n} lines")
+        if e < s: raise ToolError(f"end_line ({e}) is before start_line ({s})")
         e = min(e, n)
         w = len(str(max(e, 1)))
         body = '\n'.join(f"{i:>{w}}\t{lines[i - 1]}" for i in range(s, e + 1))
