@@ -21,7 +21,7 @@ __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigz
            'free_port', 'spawn_local', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather', 'all_to_all', 'EPMoE',
            'shard_experts', 'copy_to_tp', 'reduce_from_tp', 'ColumnParallelLinear', 'RowParallelLinear', 'TPAttention',
            'TPDenseFFN', 'tp_shard_model', 'ParallelDims', 'mesh_ranks', 'ParallelMesh', 'init_parallel',
-           'reduce_grads']
+           'reduce_grads', 'saved_bytes', 'check_ring_attention', 'param_counts', 'comm_volumes']
 
 # %% ../nbs/50_parallel.ipynb #c006
 def group_size(group=None) -> int:
@@ -521,3 +521,59 @@ def reduce_grads(model: nn.Module, mesh: ParallelMesh):
     if mesh.dims.dp > 1:
         for p in model.parameters():
             if p.grad is not None: p.grad /= mesh.dims.dp
+
+# %% ../nbs/50_parallel.ipynb #c038
+def saved_bytes(fn: Callable, *args, **kw) -> tuple:
+    "Run `fn(*args, **kw)` and count the bytes of the tensors autograd saves for its backward: (result, bytes)."
+    n = [0]
+    def pack(t): n[0] += t.numel() * t.element_size(); return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        res = fn(*args, **kw)
+    return res, n[0]
+
+def check_ring_attention(rank: int, world: int, T: int = 13, H: int = 4, H_kv: int = 2, D: int = 8, B: int = 2,
+                         causal: bool = True, seed: int = 0, device: str = 'cpu', dtype=torch.float32, group=None) -> dict:
+    "Ring attention on this rank's zigzag shard vs full SDPA on the whole sequence: errors and saved bytes."
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, T, D, generator=g).to(device, dtype) for h in (H, H_kv, H_kv))
+    go = torch.randn(B, H, T, D, generator=g).to(device, dtype)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=H != H_kv)
+    ref.backward(go)
+    sh = [zigzag_shard(t, rank, world, 2).requires_grad_() for t in (q, k, v)]
+    o, nbytes = saved_bytes(ring_attention, *sh, group=group, causal=causal, seq_len=T)
+    o.backward(zigzag_shard(go, rank, world, 2))
+    real = zigzag_positions(T, rank, world, device) < T
+    err = (o - zigzag_shard(ref.detach(), rank, world, 2))[:, :, real].abs().max().item()
+    gerr = max((s.grad - zigzag_shard(l.grad, rank, world, 2)).abs().max().item() for s, l in zip(sh, leaves))
+    return dict(out_err=err, grad_err=gerr, saved_bytes=nbytes)
+
+# %% ../nbs/50_parallel.ipynb #c043
+def param_counts(cfg) -> dict:
+    """Total and active parameters of a `ModelConfig`-like object (analytic: no model is built; any object with its
+    fields works, e.g. a `SimpleNamespace` for shapes `ModelConfig` refuses, like 384 experts). Keys: total, active, experts."""
+    d, L = cfg.d_model, cfg.n_layers; Lm = L - cfg.n_dense_layers; hd = d // cfg.n_heads
+    attn = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2
+    expert = 3 * d * cfg.d_expert
+    moe = cfg.n_experts * expert + d * cfg.n_experts + cfg.n_shared_experts * expert
+    dense = 3 * d * cfg.d_dense
+    emb = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    total = L * (attn + 2 * d) + Lm * moe + (L - Lm) * dense + emb + d
+    return dict(total=total, active=total - Lm * (cfg.n_experts - cfg.top_k) * expert, experts=Lm * cfg.n_experts * expert)
+
+def comm_volumes(cfg, seq: int, tp: int = 1, cp: int = 1, ep: int = 1, coupled: bool = False, bytes_per: int = 2) -> dict:
+    """Bytes one rank sends per step and per sequence of `seq` tokens (fwd + bwd, all layers) for TP, CP and EP, and
+    the expert parameters each rank holds. `coupled=True`: the experts are sharded inside the TP group (EP tied to
+    TP; `ep` is ignored) — no all-to-all, but an extra all-reduce of the MoE output per layer. `zero3_gather`: bytes
+    of expert weights a rank would gather per step if the experts were ZeRO-3-sharded over `ep` ranks instead of EP."""
+    d, L, k = cfg.d_model, cfg.n_layers, cfg.top_k; Lm = L - cfg.n_dense_layers; hd = d // cfg.n_heads
+    N = seq / cp                                   # tokens a rank holds (replicated over its TP group)
+    ar = lambda n, w: 2 * (w - 1) / w * n * bytes_per if w > 1 else 0.0     # ring all-reduce, bytes sent per rank
+    kv = 2 * N * (cfg.n_kv_heads / tp) * hd * bytes_per
+    tp_b = L * 4 * ar(N * d, tp)                                 # attn + FFN (dense or shared) all-reduce, fwd + bwd
+    cp_b = L * (3 * cp - 2) * kv if cp > 1 else 0.0              # K/V (cp-1) fwd + (cp-1) bwd, dK/dV cp in bwd
+    if coupled: ep_b, shards = Lm * 2 * ar(N * d, tp), tp        # MoE output all-reduce in the TP group, fwd + bwd
+    else: ep_b, shards = Lm * 4 * N * k * d * bytes_per * (ep - 1) / ep, ep   # dispatch + combine, fwd + bwd
+    E = param_counts(cfg)['experts']
+    return dict(tp=tp_b, cp=cp_b, ep=ep_b, total=tp_b + cp_b + ep_b, expert_params_per_rank=E / shards,
+                zero3_gather=2 * E * bytes_per * (ep - 1) / ep)

@@ -1,0 +1,81 @@
+"""Step time (forward + backward + gradient all-reduce) against CP and EP degree, on local gloo processes.
+
+Every figure is a ratio to the CP=1 / EP=1 step measured in the same run, with the same global batch:
+- CP=W: W ranks share each sequence (zigzag ring attention, `cp_forward`), gradients summed over the CP group;
+- EP=W: W data-parallel ranks each take 1/W of the batch and shard the experts W ways (`EPMoE`, all-to-all).
+Each process uses one intra-op thread, so W ranks use W cores: on a machine with fewer free cores than W the
+ratios measure contention, not parallel speed-up (the script prints the core count).
+
+    .venv/bin/python benchmarks/bench_parallel.py                 # seq 1024, degrees 1 2
+    .venv/bin/python benchmarks/bench_parallel.py --seq 2048 --degrees 1 2 4 --steps 5
+"""
+import argparse, json, os, statistics, sys, time
+
+import torch
+import torch.nn.functional as F
+
+from composer2.model import ModelConfig, Transformer
+from composer2.parallel import spawn_local, cp_forward, allreduce_grads, shard_experts, group_size, group_rank
+
+def _cfg(a): return ModelConfig(vocab_size=4096, d_model=a.d_model, n_layers=a.layers, n_heads=4, n_kv_heads=2,
+                                max_seq_len=max(a.seq, 256), n_experts=8, top_k=2, d_expert=2 * a.d_model, aux_loss_coef=0.0)
+
+def _timed(step, steps):
+    step()                                               # warm-up
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter(); step(); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+def cp_rank(rank, world, a):
+    torch.manual_seed(0); model = Transformer(_cfg(a))
+    ids = torch.randint(0, 4096, (a.batch, a.seq), generator=torch.Generator().manual_seed(1))
+    def step():
+        model.zero_grad(set_to_none=True)
+        cp_forward(model, ids).loss.backward()
+        allreduce_grads(model.parameters(), None, 'sum')
+    return _timed(step, a.steps)
+
+def ep_rank(rank, world, a):
+    torch.manual_seed(0); model = Transformer(_cfg(a))
+    if world > 1: shard_experts(model, None)
+    ids = torch.randint(0, 4096, (a.batch * 2, a.seq), generator=torch.Generator().manual_seed(1))
+    n = ids.shape[0] // world; mine = ids[rank * n:(rank + 1) * n]
+    def step():
+        model.zero_grad(set_to_none=True)
+        lg = model(mine).logits
+        (F.cross_entropy(lg[:, :-1].reshape(-1, 4096), mine[:, 1:].reshape(-1)) / world).backward()
+        experts = {id(p) for l in model.layers if l.is_moe for p in (l.ffn.w1, l.ffn.w2, l.ffn.w3)} if world > 1 else set()
+        allreduce_grads([p for p in model.parameters() if id(p) not in experts], None, 'sum')
+    return _timed(step, a.steps)
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--seq', type=int, default=1024); ap.add_argument('--batch', type=int, default=2)
+    ap.add_argument('--d-model', type=int, default=128); ap.add_argument('--layers', type=int, default=2)
+    ap.add_argument('--steps', type=int, default=3); ap.add_argument('--degrees', type=int, nargs='+', default=[1, 2])
+    ap.add_argument('--json', default='', help='also write the results here')
+    a = ap.parse_args(argv)
+    if 1 not in a.degrees: a.degrees = [1] + a.degrees
+    print(f"cores: {os.cpu_count()} | seq {a.seq}, batch {a.batch} (EP: global batch {2 * a.batch}), d_model {a.d_model}, "
+          f"{a.layers} layers, 8 experts top-2, median of {a.steps} steps")
+    res = {}
+    for kind, fn in (('cp', cp_rank), ('ep', ep_rank)):
+        for W in a.degrees:
+            if kind == 'ep' and 8 % W: continue
+            res[(kind, W)] = max(spawn_local(fn, W, a))          # the step ends when the slowest rank ends
+    out = {}
+    for kind in ('cp', 'ep'):
+        base = res[(kind, 1)]
+        for W in a.degrees:
+            if (kind, W) not in res: continue
+            out[f'{kind}{W}'] = dict(seconds=res[(kind, W)], ratio=res[(kind, W)] / base)
+            print(f"{kind.upper()}={W}: step {res[(kind, W)]:.3f} s  ratio to {kind.upper()}=1: {res[(kind, W)] / base:.2f}")
+    if a.json:
+        tmp = a.json + '.tmp'
+        with open(tmp, 'w') as f: json.dump(dict(args=vars(a), results=out), f, indent=1)
+        os.replace(tmp, a.json)
+    return out
+
+if __name__ == '__main__':
+    main()
