@@ -4,7 +4,7 @@
 
 # %% ../nbs/30_env.ipynb #c003
 from __future__ import annotations
-import ctypes, difflib, fnmatch, hashlib, itertools, os, re, shutil, signal, stat, subprocess, sys, tempfile
+import atexit, ctypes, difflib, fnmatch, hashlib, itertools, os, re, shutil, signal, stat, subprocess, sys, tempfile
 import threading, time, traceback, weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable
 from .config import ConfigError, check
 
 # %% auto #0
-__all__ = ['INNER_ROOT', 'DIFF_EXCLUDE', 'SANDBOX_UID', 'SandboxError', 'SandboxDied', 'WorkspacePathError', 'Limits',
-           'RunResult', 'truncate_middle', 'confine', 'tree_hash', 'tree_diff', 'diff_stats', 'base_dir',
+__all__ = ['INNER_ROOT', 'DIFF_EXCLUDE', 'SANDBOX_UID', 'LOWER_CACHE', 'SandboxError', 'SandboxDied', 'WorkspacePathError',
+           'Limits', 'RunResult', 'truncate_middle', 'confine', 'tree_hash', 'tree_diff', 'diff_stats', 'base_dir',
            'overlay_available', 'sandbox_support', 'bwrap_available', 'Snapshot', 'cleanup_stale', 'Sandbox', 'Failure',
            'EpisodeResult', 'Episode', 'SandboxPool']
 
@@ -246,12 +246,10 @@ def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path):
         e = ctypes.get_errno(); raise OSError(e, f"mount -t overlay on {target}: {os.strerror(e)}")
 
 def _umount(target: Path):
-    if _libc.umount2(os.fsencode(target), 0) != 0:
+    "Detach the mount at `target` (lazily: nothing uses it once a command has returned, so it goes at once)."
+    if _libc.umount2(os.fsencode(target), 2) != 0:  # MNT_DETACH
         e = ctypes.get_errno()
-        if e == 22: return  # EINVAL: not mounted
-        if _libc.umount2(os.fsencode(target), 2) != 0:  # MNT_DETACH
-            e = ctypes.get_errno()
-            if e != 22: raise OSError(e, f"umount {target}: {os.strerror(e)}")
+        if e != 22: raise OSError(e, f"umount {target}: {os.strerror(e)}")  # EINVAL: not mounted
 
 def _is_mount(p: Path) -> bool:
     try: return os.path.ismount(p)
@@ -348,7 +346,10 @@ def bwrap_available() -> bool:
 # %% ../nbs/30_env.ipynb #c021
 _counter = itertools.count()
 _lowers: dict[str, '_Lower'] = {}
+_idle_lowers: dict[str, '_Lower'] = {}   # refcount 0, kept for the next sandbox of the same tree (LRU)
 _lowers_lock = threading.Lock()
+LOWER_CACHE = int(os.environ.get('COMPOSER2_LOWER_CACHE', '4'))
+_exiting: list = []   # set once the process is exiting: released lowers are then deleted at once
 
 def _new_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(dir=base_dir(), prefix=f"{prefix}-{os.getpid()}-{next(_counter)}-"))
@@ -368,6 +369,13 @@ def _rmtree(p: Path):
     if os.path.lexists(p):  # overlay work dirs can be mode 000
         subprocess.run(['rm', '-rf', '--', str(p)], capture_output=True)
 
+def _trash(p: Path):
+    "Move `p` aside at once and delete it in a background thread (restore should not wait for deletions)."
+    if not os.path.lexists(p): return
+    t = p.parent / f".trash-{next(_counter)}"
+    os.rename(p, t)
+    threading.Thread(target=_rmtree, args=(t,), daemon=True).start()
+
 def _signature(repo: Path) -> str:
     h = hashlib.sha256(str(repo.resolve()).encode())
     for rel, st in sorted(_walk(repo).items()): h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
@@ -376,7 +384,7 @@ def _signature(repo: Path) -> str:
 class _Lower:
     "Refcounted read-only copy of a repository (the overlay's lower layer)."
     def __init__(self, key: str, repo: Path, uid: int):
-        self.key, self.repo, self.refs = key, repo, 0
+        self.key, self.repo, self.refs, self.cache_size = key, repo, 0, LOWER_CACHE
         self.dir = _new_dir('lower'); self.path = self.dir / 'tree'
         try: _cp(repo, self.path); _chown_tree(self.path, uid)
         except BaseException: _rmtree(self.dir); raise
@@ -386,16 +394,38 @@ class _Lower:
         with _lowers_lock:
             low = _lowers.get(key)
             if low is None or not low.path.is_dir(): low = _lowers[key] = cls(key, repo, uid)
+            _idle_lowers.pop(key, None)
             low.refs += 1
             return low
     def incref(self):
         with _lowers_lock: self.refs += 1
-    def release(self, _reg=_lowers, _lock=_lowers_lock, _rm=_rmtree):  # defaults bound: safe at interpreter exit
+    def release(self, _reg=_lowers, _idle=_idle_lowers, _lock=_lowers_lock, _rm=_rmtree, _exiting=_exiting):
+        "Drop a reference; an unused lower stays cached (up to LOWER_CACHE of them) until evicted or exit."
+        evict = []
         with _lock:
             self.refs -= 1
             if self.refs > 0: return
-            if _reg.get(self.key) is self: del _reg[self.key]
-        _rm(self.dir)
+            if _reg.get(self.key) is self and not _exiting and self.cache_size > 0:
+                _idle[self.key] = self
+                while len(_idle) > self.cache_size:
+                    old = _idle.pop(next(iter(_idle)))
+                    if _reg.get(old.key) is old: del _reg[old.key]
+                    evict.append(old)
+            else:
+                if _reg.get(self.key) is self: del _reg[self.key]
+                evict.append(self)
+        for low in evict: _rm(low.dir)
+
+def _drop_idle_lowers(_reg=_lowers, _idle=_idle_lowers, _lock=_lowers_lock, _rm=_rmtree, _exiting=_exiting, at_exit=False):
+    "Delete the cached unused lower layers (at exit, or to free disk)."
+    if at_exit: _exiting.append(True)
+    with _lock:
+        idle = list(_idle.values()); _idle.clear()
+        for low in idle:
+            if _reg.get(low.key) is low: del _reg[low.key]
+    for low in idle: _rm(low.dir)
+
+atexit.register(_drop_idle_lowers, at_exit=True)
 
 @dataclass(eq=False)
 class Snapshot:
@@ -490,7 +520,7 @@ class Sandbox:
     # -- layers ---------------------------------------------------------------------------------------
     def _build_upper(self, src: Path | None):
         st = self._st
-        for n in ('upper', 'work'): _rmtree(st.root / n)
+        for n in ('upper', 'work'): _trash(st.root / n)
         if src is not None: _cp(src, st.root / 'upper')
         else: (st.root / 'upper').mkdir(); os.chown(st.root / 'upper', self.uid, self.uid) if _is_root() else None
         (st.root / 'work').mkdir(); (st.root / 'merged').mkdir(exist_ok=True)
@@ -663,7 +693,7 @@ class Sandbox:
                     snap.lower.incref(); old, st.lower = st.lower, snap.lower; old.release()
                 self._build_upper(snap.path); self._mount()
             else:
-                ws = self.workspace; _rmtree(ws); _cp(snap.path, ws)
+                ws = self.workspace; _trash(ws); _cp(snap.path, ws)
             self._died = None; self._killed = False
     def fork(self) -> 'Sandbox':
         "An independent sandbox with a copy of this workspace (sharing the read-only lower layer)."

@@ -1,0 +1,129 @@
+"""Sandbox costs against a plain `subprocess.run` baseline measured in the same run.
+
+  python benchmarks/bench_env.py [--quick] [--json out.json]
+
+1. start latency: one command (`true`) through the full bubblewrap chain vs `subprocess.run(['true'])`, and a
+   new Sandbox (lower layer cached / copied) plus its first command;
+2. snapshot, restore and fork latency against repository size (files of 2 KiB), per backend, vs the same
+   baseline and vs a naive `cp -a` of the repository (what a copy-based snapshot costs);
+3. throughput of N concurrent environments: each environment runs a short sequence of commands
+   (`python -c pass`, `true`, a small write); commands per second through `SandboxPool` vs the same commands as
+   plain subprocesses on the same number of threads.
+"""
+import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from composer2.env import Limits, Sandbox, SandboxPool, Episode, sandbox_support, overlay_available
+
+
+def timeit(fn, n):
+    "Median seconds of n calls (after one warm-up)."
+    fn(); ts = []
+    for _ in range(n):
+        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def make_repo(root: Path, n_files: int) -> Path:
+    root.mkdir(parents=True)
+    body = ''.join(f'def f{i}(x):\n    return x + {i}\n\n' for i in range(60))[:2048]
+    for i in range(n_files):
+        d = root / f'pkg{i // 100}'; d.mkdir(exist_ok=True)
+        (d / f'm{i}.py').write_text(body)
+    return root
+
+
+def ms(s): return f"{s * 1e3:8.2f} ms"
+
+
+def main():
+    ap = argparse.ArgumentParser(); ap.add_argument('--quick', action='store_true'); ap.add_argument('--json')
+    a = ap.parse_args()
+    ok, why = sandbox_support()
+    if not ok: print(f"sandbox unavailable, nothing to measure: {why}"); return 0
+    reps = 5 if a.quick else 15
+    sizes = [100, 1000] if a.quick else [100, 1000, 5000]
+    backends = ['overlay', 'copy'] if overlay_available() else ['copy']
+    out = {'backends': backends, 'cpus': os.cpu_count()}
+    tmp = Path(tempfile.mkdtemp(prefix='bench-env-'))
+    try:
+        # ---- 1. start latency
+        base = timeit(lambda: subprocess.run(['true']), reps * 2)
+        base_py = timeit(lambda: subprocess.run([sys.executable, '-c', 'pass']), reps)
+        print(f"baseline subprocess.run(['true'])            {ms(base)}")
+        print(f"baseline subprocess.run([python, -c, pass])   {ms(base_py)}")
+        repo = make_repo(tmp / 'small', 100)
+        res = {'baseline_true_s': base, 'baseline_python_s': base_py}
+        for be in backends:
+            with Sandbox(repo, backend=be) as sb:
+                t_true = timeit(lambda: sb.run('true'), reps * 2)
+                t_py = timeit(lambda: sb.run('python -c pass'), reps)
+            def new_sandbox():
+                with Sandbox(repo, backend=be) as s: s.run('true')
+            keep = Sandbox(repo, backend=be)   # keeps the lower layer cached for the "warm" figure
+            t_new_warm = timeit(new_sandbox, reps)
+            keep.close()
+            t_new_cold = timeit(new_sandbox, reps)
+            res[be] = {'run_true_s': t_true, 'run_python_s': t_py, 'new_sandbox_cached_lower_s': t_new_warm, 'new_sandbox_cold_s': t_new_cold}
+            print(f"[{be:7}] sb.run('true')                   {ms(t_true)}  x{t_true / base:6.1f} vs subprocess")
+            print(f"[{be:7}] sb.run('python -c pass')         {ms(t_py)}  x{t_py / base_py:6.2f} vs plain python")
+            print(f"[{be:7}] new Sandbox + first run (cached) {ms(t_new_warm)}  x{t_new_warm / base:6.1f}")
+            print(f"[{be:7}] new Sandbox + first run (cold)   {ms(t_new_cold)}  x{t_new_cold / base:6.1f}  (copies the 100-file repo)")
+        out['start'] = res
+
+        # ---- 2. snapshot / restore / fork vs repository size
+        out['snapshots'] = []
+        print(f"\n{'files':>6} {'backend':8} {'cp -a repo':>11} {'snapshot':>11} {'restore':>11} {'fork':>11}   ratios vs subprocess.run(true) | vs cp -a")
+        for n in sizes:
+            repo = make_repo(tmp / f'r{n}', n)
+            cp = timeit(lambda: (subprocess.run(['cp', '-a', str(repo), str(tmp / 'cpy')]), shutil.rmtree(tmp / 'cpy')), max(3, reps // 3))
+            for be in backends:
+                with Sandbox(repo, backend=be) as sb:
+                    sb.run('for i in 1 2 3 4 5; do echo changed $i > pkg0/m$i.py; done; echo new > new.txt')
+                    snaps = []
+                    t_snap = timeit(lambda: snaps.append(sb.snapshot()), max(3, reps // 2))
+                    snap = snaps[-1]
+                    t_rest = timeit(lambda: sb.restore(snap), max(3, reps // 2))
+                    def fork(): sb.fork().close()
+                    t_fork = timeit(fork, max(3, reps // 3))
+                    for s in snaps: s.discard()
+                row = {'files': n, 'backend': be, 'cp_a_s': cp, 'snapshot_s': t_snap, 'restore_s': t_rest, 'fork_s': t_fork}
+                out['snapshots'].append(row)
+                print(f"{n:>6} {be:8} {ms(cp)} {ms(t_snap)} {ms(t_rest)} {ms(t_fork)}   "
+                      f"x{t_snap / base:5.1f} x{t_rest / base:5.1f} x{t_fork / base:5.1f} | "
+                      f"x{t_snap / cp:5.2f} x{t_rest / cp:5.2f} x{t_fork / cp:5.2f}")
+
+        # ---- 3. throughput of N concurrent environments
+        repo = make_repo(tmp / 'tp', 100)
+        cmds = ['python -c pass', 'true', 'echo x > out.txt && cat out.txt']
+        per_env = 3 if a.quick else 6
+        def episode(sb, i):
+            for j in range(per_env): sb.run(cmds[j % len(cmds)])
+            return i
+        def plain(i):
+            d = tmp / f'plain{i}'; d.mkdir(exist_ok=True)
+            for j in range(per_env): subprocess.run(['sh', '-c', cmds[j % len(cmds)].replace('python', sys.executable)], cwd=d, stdout=subprocess.DEVNULL)
+        out['throughput'] = []
+        print(f"\n{'N':>3} {'envs':>5} {'sandboxed cmd/s':>16} {'plain cmd/s':>12} {'ratio':>7}   (each env: {per_env} commands, new Sandbox per env)")
+        for N in ([1, 2, 4] if a.quick else [1, 2, 4, 8]):
+            n_envs = 2 * N
+            pool = SandboxPool(max_concurrency=N)
+            t = time.perf_counter(); r = pool.run(episode, [Episode(repo, i) for i in range(n_envs)]); t_sb = time.perf_counter() - t
+            assert all(x.ok for x in r) and not pool.failures, [x.error for x in r]
+            t = time.perf_counter()
+            with ThreadPoolExecutor(N) as ex: list(ex.map(plain, range(n_envs)))
+            t_pl = time.perf_counter() - t
+            tp_sb, tp_pl = n_envs * per_env / t_sb, n_envs * per_env / t_pl
+            out['throughput'].append({'N': N, 'envs': n_envs, 'sandbox_cmds_per_s': tp_sb, 'plain_cmds_per_s': tp_pl})
+            print(f"{N:>3} {n_envs:>5} {tp_sb:>16.1f} {tp_pl:>12.1f} {tp_sb / tp_pl:>7.2f}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        tmpf = Path(a.json).with_suffix('.tmp'); tmpf.write_text(json.dumps(out, indent=2)); os.replace(tmpf, a.json)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
