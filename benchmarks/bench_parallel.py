@@ -8,6 +8,12 @@ ratios measure contention, not parallel speed-up (the script prints the core cou
 
     .venv/bin/python benchmarks/bench_parallel.py                 # seq 1024, degrees 1 2
     .venv/bin/python benchmarks/bench_parallel.py --seq 2048 --degrees 1 2 4 --steps 5
+
+Under a launcher (torchrun, deepspeed: RANK/WORLD_SIZE set) it instead runs in the launched group: a ring-attention
+self-check against SDPA and one CP step over all ranks (nccl when CUDA is available, else gloo), e.g.
+
+    .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/bench_parallel.py --seq 256
+    .venv/bin/deepspeed --num_gpus 2 benchmarks/bench_parallel.py --seq 256
 """
 import argparse, json, os, statistics, sys, time
 
@@ -15,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from composer2.model import ModelConfig, Transformer
-from composer2.parallel import spawn_local, cp_forward, allreduce_grads, shard_experts, group_size, group_rank
+from composer2.parallel import spawn_local, cp_forward, allreduce_grads, shard_experts, check_ring_attention
 
 def _cfg(a): return ModelConfig(vocab_size=4096, d_model=a.d_model, n_layers=a.layers, n_heads=4, n_kv_heads=2,
                                 max_seq_len=max(a.seq, 256), n_experts=8, top_k=2, d_expert=2 * a.d_model, aux_loss_coef=0.0)
@@ -49,13 +55,32 @@ def ep_rank(rank, world, a):
         allreduce_grads([p for p in model.parameters() if id(p) not in experts], None, 'sum')
     return _timed(step, a.steps)
 
+def launched(a):
+    "Run under torchrun/deepspeed: self-check and a CP step over the launched world; rank 0 prints."
+    import torch.distributed as dist
+    cuda = torch.cuda.is_available()
+    if cuda: torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
+    dist.init_process_group('nccl' if cuda else 'gloo')
+    torch.set_num_threads(1)
+    r, W = dist.get_rank(), dist.get_world_size()
+    chk = check_ring_attention(r, W, T=4 * W + 3, device='cuda' if cuda else 'cpu')
+    t = cp_rank(r, W, a)
+    res = [None] * W; dist.all_gather_object(res, (chk, t))
+    if r == 0:
+        print(f"launched world {W} ({'nccl' if cuda else 'gloo'}): ring attention max errors "
+              f"out {max(c['out_err'] for c, _ in res):.2e}, grad {max(c['grad_err'] for c, _ in res):.2e}; "
+              f"CP={W} step {max(s for _, s in res):.3f} s")
+    dist.destroy_process_group()
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--seq', type=int, default=1024); ap.add_argument('--batch', type=int, default=2)
     ap.add_argument('--d-model', type=int, default=128); ap.add_argument('--layers', type=int, default=2)
     ap.add_argument('--steps', type=int, default=3); ap.add_argument('--degrees', type=int, nargs='+', default=[1, 2])
     ap.add_argument('--json', default='', help='also write the results here')
+    ap.add_argument('--local_rank', type=int, default=0, help='set by the deepspeed launcher (LOCAL_RANK is used)')
     a = ap.parse_args(argv)
+    if 'RANK' in os.environ and 'WORLD_SIZE' in os.environ: return launched(a)
     if 1 not in a.degrees: a.degrees = [1] + a.degrees
     print(f"cores: {os.cpu_count()} | seq {a.seq}, batch {a.batch} (EP: global batch {2 * a.batch}), d_model {a.d_model}, "
           f"{a.layers} layers, 8 experts top-2, median of {a.steps} steps")
