@@ -301,7 +301,8 @@ def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, c
     if root: a += ['--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID']
     else: a += ['--unshare-user', '--uid', str(os.getuid()), '--gid', str(os.getgid())]
     a += _system_binds()
-    a += ['--proc', '/proc', '--dev', '/dev', '--perms', '1777', '--size', str(lim.tmp_mb << 20), '--tmpfs', '/tmp']
+    a += ['--proc', '/proc', '--dev', '/dev', '--perms', '1777', '--size', str(lim.tmp_mb << 20), '--tmpfs', '/tmp',
+          '--perms', '1777', '--size', str(min(lim.tmp_mb, 64) << 20), '--tmpfs', '/dev/shm']
     if workspace is not None: a += ['--bind', str(workspace), INNER_ROOT]
     else: a += ['--dir', INNER_ROOT]
     a += ['--chdir', cwd, '--remount-ro', '/', '--clearenv']
@@ -637,6 +638,7 @@ class Sandbox:
             p = self.path(rel)
             if not p.exists(): raise WorkspacePathError(f"{rel!r} does not exist in the workspace")
             if p.is_dir(): raise WorkspacePathError(f"{rel!r} is a directory")
+            if not p.is_file(): raise WorkspacePathError(f"{rel!r} is not a regular file (a FIFO or device would block)")
             return p.read_text(encoding='utf-8', errors='replace')
     def changed_paths(self) -> list[str]:
         "Workspace paths that may differ from the base (overlay: read off the upper layer)."

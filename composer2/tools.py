@@ -4,7 +4,7 @@
 
 # %% ../nbs/31_tools.ipynb #c003
 from __future__ import annotations
-import ast, fnmatch, hashlib, inspect, json, os, re, shlex, threading, time
+import ast, fnmatch, hashlib, inspect, json, os, re, shlex, stat, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -16,8 +16,8 @@ from .env import (DIFF_EXCLUDE, Sandbox, SandboxError, WorkspacePathError, _excl
                            truncate_middle)
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'TEXT_NAMES', 'Observation', 'ToolError', 'defuse', 'Param', 'ToolSpec', 'Chunk', 'chunk_file',
-           'minilm_embedder', 'CodeIndex', 'Toolbox']
+__all__ = ['TEXT_SUFFIXES', 'MAX_FILE_BYTES', 'TEXT_NAMES', 'Observation', 'ToolError', 'defuse', 'Param', 'ToolSpec', 'Chunk',
+           'chunk_file', 'minilm_embedder', 'CodeIndex', 'Toolbox']
 
 # %% ../nbs/31_tools.ipynb #c006
 @dataclass
@@ -79,6 +79,7 @@ class ToolSpec:
 # %% ../nbs/31_tools.ipynb #c009
 TEXT_SUFFIXES = {'.py', '.pyi', '.md', '.rst', '.txt', '.toml', '.cfg', '.ini', '.yaml', '.yml', '.json', '.sh',
                  '.c', '.h', '.cc', '.cpp', '.js', '.ts', '.html', '.css'}
+MAX_FILE_BYTES = 8 << 20   # read_file/edit_file refuse larger files
 TEXT_NAMES = {'Makefile', 'Dockerfile', 'README', 'LICENSE', 'setup.cfg', 'tox.ini'}
 
 @dataclass
@@ -145,7 +146,8 @@ def _text_files(root: Path, max_bytes: int) -> list[str]:
             full = os.path.join(dp, n)
             if os.path.islink(full) or not (Path(n).suffix in TEXT_SUFFIXES or n in TEXT_NAMES): continue
             try:
-                if os.path.getsize(full) <= max_bytes: out.append(os.path.relpath(full, root))
+                st = os.lstat(full)
+                if stat.S_ISREG(st.st_mode) and st.st_size <= max_bytes: out.append(os.path.relpath(full, root))
             except OSError: pass
     return out
 
@@ -310,6 +312,9 @@ class Toolbox:
         p = self.sb.path(path)
         if must_exist and not p.exists(): raise ToolError(f"{path!r} does not exist")
         if must_exist and p.is_dir(): raise ToolError(f"{path!r} is a directory (use list_dir)")
+        if must_exist and not p.is_file(): raise ToolError(f"{path!r} is not a regular file")
+        if must_exist and p.stat().st_size > MAX_FILE_BYTES:
+            raise ToolError(f"{path!r} is too large ({p.stat().st_size} bytes > {MAX_FILE_BYTES}); use shell (head, sed -n) or grep")
         return p
     def _rel(self, p: Path) -> str:
         r = os.path.relpath(p, self.sb.workspace); return '.' if r == '.' else r

@@ -256,3 +256,14 @@ def test_semantic_search_with_minilm_finds_the_relevant_chunk_first(tmp_path):
         assert t2.index.stats['loaded'] == 1 and t2.index.stats['embedded'] == 0
         for args, msg in [({'query': ' '}, 'must not be empty'), ({'query': 'x', 'k': 0}, 'between 1 and 50')]:
             o = call(tb, 'semantic_search', **args); assert not o.ok and msg in o.text
+
+
+def test_fifos_and_huge_files_do_not_block_the_harness(tb):
+    assert call(tb, 'shell', cmd='mkfifo pipe.py && head -c 9000000 /dev/zero | tr "\\0" x > huge.txt').ok
+    for name, args, msg in [('read_file', {'path': 'pipe.py'}, 'not a regular file'), ('edit_file', {'path': 'pipe.py', 'old': 'a', 'new': 'b'}, 'not a regular file'),
+                            ('read_file', {'path': 'huge.txt'}, 'too large')]:
+        o = call(tb, name, **args); assert not o.ok and msg in o.text, o
+    o = call(tb, 'semantic_search', query='cart total')        # the index skips the FIFO instead of blocking on it
+    assert o.ok and 'pipe.py' not in o.text
+    with pytest.raises(Exception, match='not a regular file'): tb.sb.read_file('pipe.py')
+    assert 'Entry pipe.py: missing changed to other' in tb.sb.diff()          # diffs do not open it either
