@@ -213,7 +213,15 @@ class CodeIndex:
 
 # %% ../nbs/31_tools.ipynb #c013
 def _tool(name: str, description: str, *params: Param):
-    def deco(fn): fn._spec = ToolSpec(name, description, list(params)); return fn
+    "Register a tool. Calling it directly (`tb.grep('x')`) goes through `execute` too, so it never raises either."
+    spec = ToolSpec(name, description, list(params))
+    def deco(fn):
+        def call(self, *args, **kw):
+            if len(args) > len(spec.params): return self.execute(CallError(repr(args), f"{name}: too many arguments"))
+            kw = {**{p.name: a for p, a in zip(spec.params, args)}, **kw}
+            return self.execute(ToolCall(name, kw))
+        call.__name__, call.__doc__, call._spec, call._raw = fn.__name__, description, spec, fn
+        return call
     return deco
 
 _GREP_SCRIPT = r'''
@@ -269,7 +277,7 @@ class Toolbox:
         self._tools = {}
         for cls in reversed(type(self).__mro__):   # definition order, subclasses may add or override tools
             for n, m in vars(cls).items():
-                if hasattr(m, '_spec'): self._tools[m._spec.name] = getattr(self, n)
+                if hasattr(m, '_spec'): self._tools[m._spec.name] = m
 
     # -- registry ------------------------------------------------------------------------------------
     @property
@@ -296,7 +304,7 @@ class Toolbox:
         fn = self._tools[name]
         try:
             kw = fn._spec.bind(call.arguments)
-            return fn(**kw)
+            return fn._raw(self, **kw)
         except SandboxError: raise
         except (ToolError, WorkspacePathError) as e: return Observation(name, False, f"{name}: {e}" if not str(e).startswith(name) else str(e))
         except (OSError, ValueError, UnicodeError) as e: return Observation(name, False, f"{name}: {type(e).__name__}: {e}")

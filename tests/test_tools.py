@@ -267,3 +267,11 @@ def test_fifos_and_huge_files_do_not_block_the_harness(tb):
     assert o.ok and 'pipe.py' not in o.text
     with pytest.raises(Exception, match='not a regular file'): tb.sb.read_file('pipe.py')
     assert 'Entry pipe.py: missing changed to other' in tb.sb.diff()          # diffs do not open it either
+
+
+def test_direct_method_calls_behave_like_execute(tb):
+    o = tb.read_file('shop/util.py', 1, 1)
+    assert o.ok and o.text.splitlines()[1] == '1\tdef clamp(x, lo, hi):'
+    o = tb.edit_file('shop/util.py', old='nope', new='x')
+    assert isinstance(o, Observation) and not o.ok and 'not found' in o.text
+    assert not tb.read_file('a', 1, 2, 3).ok and tb.stats['calls'] == 3
