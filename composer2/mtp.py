@@ -147,9 +147,9 @@ def train_mtp(model: Transformer, mtp: MTPHeads, batch_fn, cfg: MTPTrainConfig, 
             opt.step(); sched.step()
             lv = float(loss.detach())
             if not math.isfinite(lv): raise FloatingPointError(f"MTP {mode}: loss became {lv} at step {step}")
-            hist['step'].append(step + 1); hist['loss'].append(lv); hist['mtp_loss'].append(float(mloss))
-            hist['per_depth'].append([float(x) for x in per])
-            if log is not None and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps): log(step + 1, lv, float(mloss))
+            hist['step'].append(step + 1); hist['loss'].append(lv); hist['mtp_loss'].append(float(mloss.detach()))
+            hist['per_depth'].append([float(x.detach()) for x in per])
+            if log is not None and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps): log(step + 1, lv, float(mloss.detach()))
     finally:
         for n, p in model.named_parameters(): p.requires_grad_(was[n])
         model.eval(); mtp.eval()

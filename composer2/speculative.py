@@ -64,6 +64,7 @@ class SpecGeneration:
     n_accepted: list[int]                   # drafts accepted per row, summed over its verify steps
     reached: list[int] = field(default_factory=list)   # per depth j: verify steps where draft j was checked
     accepted: list[int] = field(default_factory=list)  # per depth j: ... and accepted
+    trace: Optional[list] = None            # with trace=True, per row: [(N, drafts, n_accepted)] of every verify step
     def stats(self) -> dict:
         "Tokens per verify step, accepted drafts per verify step, and acceptance per draft depth (conditional on reaching it)."
         nv = max(1, sum(self.n_verify))
@@ -80,9 +81,10 @@ def _pick(logits, temperature, top_p, generator):
 @torch.no_grad()
 def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[int]], max_new_tokens: int = 32,
                          draft_len: int | None = None, temperature: float = 0.0, top_p: float = 1.0, eos_id=None,
-                         generator=None, stop_ids=()) -> SpecGeneration:
+                         generator=None, stop_ids=(), trace: bool = False) -> SpecGeneration:
     """Speculative decoding of `prompts` with MTP drafts of `draft_len` (default: all D depths) tokens per verify step.
-    `temperature` 0 is greedy (output identical to `generate`); > 0 samples exactly from the same distribution."""
+    `temperature` 0 is greedy (output identical to `generate`); > 0 samples exactly from the same distribution.
+    `trace` records, per row and verify step, the position N of the pending token, the drafts and how many were accepted."""
     if not prompts or any(len(p) == 0 for p in prompts): raise ValueError("speculative_generate needs non-empty prompts")
     if max_new_tokens < 1: raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     K = draft_len or mtp.depth
@@ -108,6 +110,7 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
     toks = [[int(t)] for t in tok]
     nver, nacc, reached, accepted = [0] * B, [0] * B, [0] * K, [0] * K
     rows = list(range(B))                                                # original row of each live row
+    tr = [[] for _ in range(B)] if trace else None
     def finished(r): return len(toks[r]) >= max_new_tokens or (toks[r][-1] in stops)
     while True:
         keep = [j for j, r in enumerate(rows) if not finished(r)]
@@ -144,6 +147,7 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
         for j, r in enumerate(rows):
             a = int(n[j])
             nver[r] += 1; nacc[r] += a
+            if trace: tr[r].append((int(N[j]), drafts[j].tolist(), a))
             for dpt in range(min(a + 1, K)): reached[dpt] += 1
             for dpt in range(a): accepted[dpt] += 1
             room = max_new_tokens - len(toks[r])
@@ -151,6 +155,6 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
             for t in new[:room]:
                 toks[r].append(t)
                 if t in stops: break
-        c = torch.minimum(N, N + n + 1 - K)
+        c = torch.minimum(N, N + n + 1 - K).clamp_min(0)
         N = N + n + 1
-    return SpecGeneration(toks, nver, nacc, reached, accepted)
+    return SpecGeneration(toks, nver, nacc, reached, accepted, tr)
