@@ -18,8 +18,8 @@ from .config import ConfigError, check, from_dict, git_commit, to_dict, write_js
 from .model import ModelConfig, Transformer
 
 # %% auto #0
-__all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'CheckpointError', 'save_checkpoint', 'read_meta', 'load_model',
-           'autocast_ctx', 'masked_ce', 'perplexity', 'train']
+__all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'CheckpointError', 'model_state', 'load_weights',
+           'save_checkpoint', 'read_meta', 'load_model', 'autocast_ctx', 'masked_ce', 'perplexity', 'train']
 
 # %% ../nbs/05_train.ipynb #c005
 @dataclass
@@ -102,14 +102,31 @@ def _sha256(p: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b''): h.update(chunk)
     return h.hexdigest()
 
+def model_state(model) -> dict:
+    "The weights to save: contiguous CPU copies, without the head when it is tied to the embedding."
+    tied = getattr(getattr(model, 'cfg', None), 'tie_embeddings', False)
+    return {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items() if not (tied and k == 'head.weight')}
+
+def load_weights(model, path, device='cpu'):
+    "Load `model.safetensors` into `model`, checking that every weight is there and nothing is left over."
+    from safetensors.torch import load_file
+    try: sd = load_file(str(path), device=str(device))
+    except Exception as e: raise CheckpointError(f"cannot read weights {path}: {e}") from None
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    tied = getattr(model.cfg, 'tie_embeddings', False)
+    missing = [k for k in missing if not (tied and k == 'head.weight')]
+    if missing or unexpected:
+        raise CheckpointError(f"weights {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if tied: model.head.weight = model.embed.weight
+
 def save_checkpoint(path, model: Transformer, optimizer=None, scheduler=None, step: int = 0, meta: dict | None = None):
     "Atomically write a checkpoint directory."
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f'.{path.name}.tmp-{uuid.uuid4().hex[:8]}')
     tmp.mkdir()
     try:
-        save_model(model, str(tmp / 'model.safetensors'))
+        save_file(model_state(model), str(tmp / 'model.safetensors'))
         if optimizer is not None:
             torch.save({'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict() if scheduler else None},
                        tmp / 'optimizer.pt')
@@ -139,12 +156,10 @@ def read_meta(path) -> dict:
 
 def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
     "Rebuild the model of a checkpoint (config from its meta, weights verified); `overrides` change config keys."
-    from safetensors.torch import load_model as _load
     meta = read_meta(path)
     mc = dict(meta['model_config']); mc.update(overrides)
     model = Transformer(from_dict(ModelConfig, mc, 'model_config'))
-    try: _load(model, str(Path(path) / 'model.safetensors'), strict=True, device=str(device))
-    except Exception as e: raise CheckpointError(f"cannot load weights from {path}/model.safetensors: {e}") from None
+    load_weights(model, Path(path) / 'model.safetensors', device)
     return model.to(device), meta
 
 # %% ../nbs/05_train.ipynb #c013
@@ -207,8 +222,7 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
     if not use_ds and (ckpt / 'meta.json').exists():
         m = read_meta(ckpt)
         if m.get('stage') == stage and m['step'] < cfg.steps:
-            from safetensors.torch import load_model as _load
-            _load(model, str(ckpt / 'model.safetensors'), device=str(device))
+            load_weights(model, ckpt / 'model.safetensors', device)
             st = torch.load(ckpt / 'optimizer.pt', weights_only=True, map_location=device)
             opt.load_state_dict(st['optimizer']); sched.load_state_dict(st['scheduler'])
             start, history = m['step'], m.get('history', history)

@@ -1,0 +1,80 @@
+"The MoE transformer: route observation/forcing, KV cache, generation."
+import pytest, torch
+import torch.nn.functional as F
+from conftest import tiny_cfg
+from composer2.model import KVCache, MoE, Transformer, generate
+
+def model(**kw):
+    torch.manual_seed(0); return Transformer(tiny_cfg(**kw)).eval()
+
+@pytest.mark.parametrize('kw', [{}, {'router': 'sigmoid'}, {'n_shared_experts': 0, 'norm_topk': False}, {'n_dense_layers': 1}])
+def test_forcing_own_routes_reproduces_logits_and_others_change_them(kw):
+    m = model(**kw); ids = torch.randint(0, 97, (3, 17))
+    out = m(ids, return_routes=True)
+    assert out.routes.shape == (m.cfg.n_moe_layers, 3, 17, 2) and out.routes.dtype == torch.long
+    assert torch.equal(m(ids, routes=out.routes).logits, out.logits)
+    other = out.routes.flip(-1).clone(); other[..., 0] = (other[..., 0] + 1) % 4
+    other[..., 1] = torch.where(other[..., 1] == other[..., 0], (other[..., 1] + 1) % 4, other[..., 1])
+    assert (m(ids, routes=other).logits - out.logits).abs().max() > 1e-4
+
+def test_forced_routes_still_train_the_router():
+    m = model().train(); ids = torch.randint(0, 97, (2, 9))
+    r = m(ids, return_routes=True).routes
+    m(ids, routes=r).logits.logsumexp(-1).mean().backward()
+    for layer in m.layers: assert layer.ffn.router.weight.grad.abs().sum() > 0
+
+def test_bad_routes_are_rejected():
+    m = model(); ids = torch.randint(0, 97, (1, 5))
+    r = m(ids, return_routes=True).routes
+    with pytest.raises(ValueError, match='outside'): m(ids, routes=r + 10)
+    with pytest.raises(ValueError, match='MoE layers'): m(ids, routes=r[:1])
+    with pytest.raises(ValueError, match='token ids'): m(torch.tensor([[200]]))
+
+def test_moe_equals_naive_per_token_loop():
+    torch.manual_seed(1); cfg = tiny_cfg(n_shared_experts=0); moe = MoE(cfg)
+    x = torch.randn(2, 7, 32); y, st = moe(x)
+    s = moe.scores(x); ref = torch.zeros_like(x)
+    for b in range(2):
+        for t in range(7):
+            g = s[b, t, st.routes[b, t]]; g = g / g.sum()
+            for j, e in enumerate(st.routes[b, t].tolist()):
+                ref[b, t] += g[j] * (F.silu(x[b, t] @ moe.w1[e].t()) * (x[b, t] @ moe.w3[e].t())) @ moe.w2[e].t()
+    torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-5)
+
+def greedy_uncached(m, prompt, n):
+    seq = list(prompt)
+    for _ in range(n): seq.append(int(m(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+def test_cached_greedy_equals_uncached_argmax_loop_batched():
+    m = model(); g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (1, 4, 11, 6)]
+    out = generate(m, prompts, max_new_tokens=12)
+    for p, t in zip(prompts, out.tokens): assert t == greedy_uncached(m, p, 12)
+
+def test_cache_matches_full_forward_and_rolls_back():
+    m = model(); ids = torch.randint(0, 97, (2, 10))
+    full = m(ids).logits
+    c = KVCache.for_model(m, 2, 32)
+    a = m(ids[:, :6], cache=c).logits; b = m(ids[:, 6:], cache=c).logits
+    torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=1e-4)
+    c.truncate([6, 6]); b2 = m(ids[:, 6:], cache=c).logits          # roll back and replay
+    torch.testing.assert_close(b2, b, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match='shorten'): c.truncate([20, 20])
+
+def test_padded_positions_carry_no_routes_and_eos_stops():
+    m = model(); ids = torch.randint(0, 97, (2, 6))
+    c = KVCache.for_model(m, 2, 16)
+    out = m(ids, cache=c, input_lens=torch.tensor([6, 3]), return_routes=True)
+    assert (out.routes[:, 1, 3:] == -1).all() and (out.routes[:, 0] >= 0).all() and c.lengths.tolist() == [6, 3]
+    first = generate(m, [[1, 2, 3]], max_new_tokens=5).tokens[0][0]
+    assert generate(m, [[1, 2, 3]], max_new_tokens=5, eos_id=first).tokens[0] == [first]
+
+def test_generated_routes_and_logprobs_replay_the_training_forward():
+    m = model(); prompts = [[1, 2, 3, 4], [5, 6]]
+    g = generate(m, prompts, max_new_tokens=5, temperature=1.0, generator=torch.Generator().manual_seed(0), return_routes=True)
+    for i, (p, t, r) in enumerate(zip(prompts, g.tokens, g.routes)):
+        seq = torch.tensor([p + t]); out = m(seq, return_routes=True)
+        assert r.dtype == torch.uint8 and torch.equal(out.routes[:, 0], r.long())
+        lp = out.logits[0, len(p) - 1:-1].log_softmax(-1).gather(-1, torch.tensor(t)[:, None])[:, 0]
+        torch.testing.assert_close(lp, torch.tensor(g.logprobs[i]), atol=1e-4, rtol=1e-4)

@@ -1,0 +1,82 @@
+"The trainer: exact resume, accumulation, corrupt checkpoints, DeepSpeed parity (2 gloo processes vs 1)."
+import json, os, subprocess, sys, textwrap
+import numpy as np, pytest, torch
+from conftest import ROOT, BIN, tiny_cfg
+from composer2.model import Transformer
+from composer2.train import (Batch, CheckpointError, TrainConfig, WindowSampler, load_model, read_meta,
+                             save_checkpoint, train)
+
+STREAM = (np.arange(3000) * 7 % 97).astype(np.uint16)
+
+def run(tmp, steps=8, stop_after=None, seed_model=0, model_kw=None, **kw):
+    torch.manual_seed(seed_model); m = Transformer(tiny_cfg(**(model_kw or {})))
+    cfg = TrainConfig(steps=steps, batch_size=4, seq_len=16, lr=5e-3, warmup_steps=2, eval_every=10**6, **kw)
+    return m, train(m, cfg, WindowSampler(STREAM, 16, 4, seed=3), tmp, stage='t', stop_after=stop_after)
+
+def test_resume_gives_the_same_loss_trajectory(tmp_path):
+    _, straight = run(tmp_path / 'a', steps=10)
+    run(tmp_path / 'b', steps=10, stop_after=5)
+    assert read_meta(tmp_path / 'b' / 'ckpt')['step'] == 5
+    m, resumed = run(tmp_path / 'b', steps=10, seed_model=123)   # different init: everything must come from the checkpoint
+    assert resumed['loss'] == straight['loss'] and resumed['step'] == list(range(1, 11))
+    m2, _ = load_model(tmp_path / 'a' / 'ckpt')
+    for (n, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()): assert torch.equal(a, b), n
+
+def test_gradient_accumulation_matches_full_batch(tmp_path):
+    # the load-balancing loss is a product of batch statistics, so it is only additive per micro-batch: switch it off
+    _, full = run(tmp_path / 'a', steps=4, model_kw={'aux_loss_coef': 0.0})
+    _, acc = run(tmp_path / 'b', steps=4, micro_batch_size=1, model_kw={'aux_loss_coef': 0.0})
+    np.testing.assert_allclose(acc['loss'], full['loss'], rtol=1e-5)
+
+def test_corrupt_and_missing_checkpoints_are_named(tmp_path):
+    m = Transformer(tiny_cfg()); ck = save_checkpoint(tmp_path / 'ck', m, step=3, meta={'stage': 'x'})
+    meta = read_meta(ck); assert meta['step'] == 3 and meta['model_config']['d_model'] == 32 and 'git_commit' in meta
+    w = ck / 'model.safetensors'; w.write_bytes(w.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match='model.safetensors is corrupt or truncated'): load_model(ck)
+    w.unlink()
+    with pytest.raises(CheckpointError, match='model.safetensors is missing'): load_model(ck)
+    with pytest.raises(CheckpointError, match='does not exist'): load_model(tmp_path / 'nowhere')
+    (ck / 'meta.json').write_text('{"step": 1,')
+    with pytest.raises(CheckpointError, match='meta.json is corrupt'): load_model(ck)
+
+def test_overwrite_is_atomic_and_leaves_no_temp_dirs(tmp_path):
+    m = Transformer(tiny_cfg())
+    save_checkpoint(tmp_path / 'ck', m, step=1); save_checkpoint(tmp_path / 'ck', m, step=2)
+    assert read_meta(tmp_path / 'ck')['step'] == 2 and [p.name for p in tmp_path.iterdir()] == ['ck']
+
+def test_nonfinite_loss_stops_with_a_clear_error(tmp_path):
+    m = Transformer(tiny_cfg())
+    with torch.no_grad(): m.head.weight.fill_(float('nan'))
+    with pytest.raises(FloatingPointError, match='loss became nan at step 0'):
+        train(m, TrainConfig(steps=2, batch_size=2, seq_len=8, warmup_steps=0), WindowSampler(STREAM, 8, 2), tmp_path, stage='nan')
+
+WORKER = textwrap.dedent('''
+    import json, sys, numpy as np, torch
+    sys.path.insert(0, {tests!r})
+    from conftest import tiny_cfg
+    from composer2.model import Transformer
+    from composer2.train import TrainConfig, WindowSampler, train
+    torch.set_num_threads(1); torch.manual_seed(0)
+    m = Transformer(tiny_cfg(n_shared_experts=0, aux_loss_coef=0.0))
+    stream = (np.arange(3000) * 7 % 97).astype(np.uint16)
+    cfg = TrainConfig(steps=4, batch_size=4, micro_batch_size=1, seq_len=16, lr=5e-3, warmup_steps=1,
+                      eval_every=10**6, zero_stage={zero})
+    h = train(m, cfg, WindowSampler(stream, 16, 4, seed=3), sys.argv[1], stage='ds')
+    if torch.distributed.get_rank() == 0: open(sys.argv[2], 'w').write(json.dumps(h['loss']))
+''')
+
+@pytest.mark.slow
+@pytest.mark.parametrize('zero', [1])
+def test_deepspeed_two_gloo_processes_match_single_process(tmp_path, zero):
+    w = tmp_path / 'worker.py'; w.write_text(WORKER.format(tests=str(ROOT / 'tests'), zero=zero))
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PATH': f"{BIN}:{os.environ['PATH']}"}
+    r = subprocess.run([str(BIN / 'deepspeed'), '--no_local_rank', '--num_gpus', '2', '--master_port', str(29500 + os.getpid() % 1000),
+                        str(w), str(tmp_path / 'out'), str(tmp_path / 'loss.json')],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ds_loss = json.loads((tmp_path / 'loss.json').read_text())
+    torch.manual_seed(0); m = Transformer(tiny_cfg(n_shared_experts=0, aux_loss_coef=0.0))
+    cfg = TrainConfig(steps=4, batch_size=4, micro_batch_size=1, seq_len=16, lr=5e-3, warmup_steps=1, eval_every=10**6)
+    single = train(m, cfg, WindowSampler(STREAM, 16, 4, seed=3), tmp_path / 'single', stage='ds')['loss']
+    np.testing.assert_allclose(ds_loss, single, rtol=2e-4)
+    assert len(ds_loss) == 4 and ds_loss[-1] < ds_loss[0]
