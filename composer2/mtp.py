@@ -229,12 +229,13 @@ class MTPStageConfig:
     decode_prompts: int = 8        # held-out prompts decoded (batch size of the batched run)
     prompt_len: int = 32
     new_tokens: int = 48
+    bench_reps: int = 2            # timed repetitions (best of) after one warm-up run
     threads: int = 0               # torch CPU threads (0: torch default)
     device: str = 'auto'           # auto: cuda when available
     def __post_init__(self):
         check(self.depth >= 1, f"mtp.depth must be >= 1, got {self.depth}")
         check(1 <= self.draft_len <= self.depth, f"mtp.draft_len must be in [1, depth={self.depth}], got {self.draft_len}")
-        for k in ['eval_seq_len', 'eval_windows', 'decode_prompts', 'prompt_len', 'new_tokens']:
+        for k in ['eval_seq_len', 'eval_windows', 'decode_prompts', 'prompt_len', 'new_tokens', 'bench_reps']:
             check(getattr(self, k) > 0, f"mtp.{k} must be > 0, got {getattr(self, k)}")
         check(self.eval_seq_len > self.depth, "mtp.eval_seq_len must exceed depth")
         check(self.temperature > 0, "mtp.temperature must be > 0")
@@ -266,8 +267,7 @@ def stage(params: str = 'params.yaml') -> dict:
     from composer2.tokenizer import load_stream
     cfg = load_section(MTPStageConfig, 'mtp', params)
     if cfg.threads: torch.set_num_threads(cfg.threads)
-    root = Path(params).resolve().parent
-    P = lambda p: Path(p) if Path(p).is_absolute() else root / p
+    P = Path                                   # paths are relative to the working directory (the DVC workspace)
     dev = torch.device('cuda' if (cfg.device == 'cuda' or (cfg.device == 'auto' and torch.cuda.is_available())) else 'cpu')
     if not (P(cfg.base_ckpt) / 'meta.json').exists():
         raise ConfigError(f"mtp.base_ckpt {P(cfg.base_ckpt)} is not a checkpoint: run the long_context stage first")
@@ -305,8 +305,8 @@ def stage(params: str = 'params.yaml') -> dict:
     prompts = [np.asarray(eval_s[o:o + cfg.prompt_len], dtype=np.int64).tolist() for o in offs]
     from composer2.speculative import speculative_generate
     dec = {k: speculative_generate(m, h, prompts, cfg.new_tokens, draft_len=cfg.draft_len).stats() for k, (m, h) in variants.items()}
-    bench = {'batch_1': decode_comparison(base, sd, prompts[:1], cfg.new_tokens, cfg.draft_len),
-             f'batch_{len(prompts)}': decode_comparison(base, sd, prompts, cfg.new_tokens, cfg.draft_len)}
+    bench = {'batch_1': decode_comparison(base, sd, prompts[:1], cfg.new_tokens, cfg.draft_len, cfg.bench_reps),
+             f'batch_{len(prompts)}': decode_comparison(base, sd, prompts, cfg.new_tokens, cfg.draft_len, cfg.bench_reps)}
     save_mtp(out_dir / 'ckpt', base, sd, {'stage': 'mtp', 'base_ckpt': str(cfg.base_ckpt), 'history': h_sd})
     metrics = {
         'acceptance': {k: v['greedy'][0] for k, v in tf.items()},
