@@ -1,0 +1,30 @@
+"""Training throughput of the default CPU model: tokens/s, and achieved FLOP/s as a fraction of a plain torch matmul's
+FLOP/s measured in the same run. `python benchmarks/bench_train.py [--steps N]`."""
+import argparse, sys
+import torch, torch.nn.functional as F
+sys.path.insert(0, __file__.rsplit('/', 1)[0])
+from _common import best_time, matmul_flops
+from composer2.config import load_section, repo_root
+from composer2.model import ModelConfig, Transformer
+
+ap = argparse.ArgumentParser(); ap.add_argument('--steps', type=int, default=3); ap.add_argument('--batch', type=int, default=16)
+ap.add_argument('--seq', type=int, default=128); ap.add_argument('--threads', type=int, default=2)
+a = ap.parse_args()
+torch.set_num_threads(a.threads); torch.manual_seed(0)
+cfg = load_section(ModelConfig, 'model', repo_root() / 'params.yaml')
+m = Transformer(cfg); opt = torch.optim.AdamW(m.parameters(), 1e-3)
+x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq))
+def step():
+    for _ in range(a.steps):
+        out = m(x); loss = F.cross_entropy(out.logits.flatten(0, 1), x.flatten()) + 0.01 * out.aux_loss
+        loss.backward(); opt.step(); opt.zero_grad()
+t = best_time(step, repeat=3) / a.steps
+tokens = a.batch * a.seq
+# 6 FLOPs per active parameter per token (forward + backward), plus attention's 12·L·d·T per token
+attn = 12 * cfg.n_layers * cfg.d_model * a.seq
+flops = (6 * m.num_params(active=True) + attn) * tokens / t
+base = matmul_flops(512)
+print(f"model: {m.num_params()/1e6:.2f}M params, {m.num_params(True)/1e6:.2f}M active; batch {a.batch}x{a.seq}, {a.threads} threads")
+print(f"training: {tokens / t:,.0f} tokens/s, {flops / 1e9:.2f} GFLOP/s achieved")
+print(f"torch fp32 matmul 512^3 in the same run: {base / 1e9:.2f} GFLOP/s")
+print(f"RATIO achieved/matmul = {flops / base:.3f}")

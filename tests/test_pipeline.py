@@ -1,0 +1,27 @@
+"End to end: the real dvc.yaml run in a fresh workspace with the smoke profile (every stage, tiny sizes)."
+import json, os, subprocess, sys
+import pytest
+from conftest import ROOT, BIN
+
+@pytest.mark.slow
+def test_smoke_pipeline_runs_every_stage(tmp_path):
+    env = {**os.environ, 'PATH': f"{BIN}:{os.environ['PATH']}", 'OMP_NUM_THREADS': '2'}
+    ws = tmp_path / 'ws'
+    subprocess.run([str(BIN / 'composer2'), 'workspace', 'smoke', str(ws)], check=True, env=env)
+    r = subprocess.run([str(BIN / 'dvc'), 'repro'], cwd=ws, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    m = ws / 'reports' / 'metrics'
+    ev = json.loads((m / 'eval.json').read_text())
+    assert set(ev) == {'base', 'cpt', 'long_context', 'sft'}
+    for v in ev.values(): assert v['ppl_heldout_short'] > 1 and v['ppl_heldout_long'] > 1
+    for stage in ['data', 'tokenizer', 'base', 'cpt', 'long_context', 'sft']: assert (m / f'{stage}.json').exists()
+    cfg = json.loads((ws / 'data' / 'base' / 'config.json').read_text())
+    assert cfg['base']['train']['steps'] == 6 and 'git_commit' in cfg
+    meta = json.loads((ws / 'data' / 'cpt' / 'ckpt' / 'meta.json').read_text())
+    assert meta['stage'] == 'cpt' and meta['init'] == 'data/base/ckpt' and meta['git_commit']
+    assert (ws / 'reports' / 'report.md').read_text().count('|') > 20
+    assert list((ws / 'reports' / 'report_files').glob('*.png'))
+    assert (ws / 'reports' / 'live' / 'base' / 'plots' / 'metrics' / 'train' / 'loss.tsv').exists()
+    # a second repro has nothing to do: the lock file captured everything
+    r2 = subprocess.run([str(BIN / 'dvc'), 'status'], cwd=ws, env=env, capture_output=True, text=True)
+    assert 'up to date' in r2.stdout.lower(), r2.stdout
