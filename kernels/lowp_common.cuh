@@ -1,0 +1,189 @@
+// Scalar numerics shared by the CUDA kernels and the host emulation used in the CPU tests.
+// Every function here is pure fp32/integer arithmetic with the same operation order as composer2.quant (the
+// reference), so kernel, host emulation and reference agree bit for bit. No CUDA headers are needed.
+#pragma once
+#ifndef __CUDACC__
+#define __host__
+#define __device__
+#define __forceinline__ inline
+#include <math.h>
+#endif
+#define HD __host__ __device__ __forceinline__
+
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define LOWP_FP32_MAX 3.4028234663852886e38f
+
+HD u32 f2u(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
+  union { float f; u32 u; } c; c.f = x; return c.u;
+#endif
+}
+HD float u2f(u32 u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  union { float f; u32 u; } c; c.u = u; return c.f;
+#endif
+}
+HD u32 absbits(float x) { return f2u(x) & 0x7fffffffu; }   // uint order == |x| order; NaN bits > inf bits
+HD bool bits_finite(u32 a) { return a < 0x7f800000u; }
+HD bool is_nan(float x) { return absbits(x) > 0x7f800000u; }
+HD float pow2f(int e) {                                      // exact 2^e for e in [-149, 127]
+  return e >= -126 ? u2f((u32)(e + 127) << 23) : u2f(1u << (e + 149));
+}
+HD float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }   // v is never NaN here
+
+// ---------------------------------------------------------------- small float formats
+// Round-to-nearest-even of a >= 0 (finite) onto a format with `mbits` mantissa bits and exponent bias `bias`,
+// saturating at the largest finite value maxv. Returns the magnitude code (sign bit not included).
+HD u32 sf_code_rne(float a, int mbits, int bias, float maxv) {
+  if (a > maxv) a = maxv;
+  if (a < pow2f(-126)) return 0;                            // far below half the smallest subnormal of any format here
+  int e = (int)((f2u(a) >> 23) & 0xff) - 127;
+  int emin = 1 - bias;
+  int qe = (e > emin ? e : emin) - mbits;
+  float q = pow2f(qe);
+  float r = rintf(a / q) * q;                               // a / q is exact; rintf rounds half to even
+  if (r == 0.0f) return 0;
+  int re = (int)((f2u(r) >> 23) & 0xff) - 127;
+  if (re < emin) return (u32)(r / pow2f(emin - mbits));     // subnormal: the integer mantissa
+  return ((u32)(re + bias) << mbits) | ((f2u(r) >> (23 - mbits)) & ((1u << mbits) - 1u));
+}
+// Value of a magnitude code (no NaN handling; callers never decode NaN codes except through sf_value_e4m3).
+HD float sf_value(u32 mag, int mbits, int bias) {
+  u32 ex = mag >> mbits, man = mag & ((1u << mbits) - 1u);
+  if (ex == 0) return (float)man * pow2f(1 - bias - mbits);
+  return (float)((1u << mbits) | man) * pow2f((int)ex - bias - mbits);
+}
+HD float sf_value_e4m3(u32 code) {                          // float8_e4m3fn byte -> fp32 (0x7f/0xff are NaN)
+  u32 mag = code & 0x7fu;
+  float v = mag == 0x7fu ? u2f(0x7fc00000u) : sf_value(mag, 3, 7);
+  return (code & 0x80u) ? -v : v;
+}
+// Stochastic rounding of a >= 0 (already <= maxv) between its two neighbours; maxcode is the largest finite magnitude.
+HD u32 sf_code_sr(float a, float u, int mbits, int bias, float maxv, u32 maxcode) {
+  if (a > maxv) a = maxv;
+  u32 c = sf_code_rne(a, mbits, bias, maxv);
+  float r = sf_value(c, mbits, bias);
+  u32 clo, chi;
+  if (r > a) { clo = c - 1; chi = c; }
+  else { clo = c; chi = c < maxcode ? c + 1 : c; }
+  float lo = sf_value(clo, mbits, bias), hi = sf_value(chi, mbits, bias);
+  float p = (a - lo) / (hi - lo);                           // 0/0 -> NaN at the top: u < NaN is false -> lo
+  return u < p ? chi : clo;
+}
+
+// ---------------------------------------------------------------- E2M1
+HD float e2m1_value(u32 code) {
+  u32 m = code & 7u;
+  float v = m < 2 ? 0.5f * (float)m : (1.0f + 0.5f * (float)(m & 1u)) * pow2f((int)(m >> 1) - 1);
+  return (code & 8u) ? -v : v;
+}
+HD u32 e2m1_code_rne(float v) {                             // v in [-6, 6]; ties to the even code
+  float a = u2f(absbits(v));
+  u32 m = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return m | ((f2u(v) >> 28) & 8u);
+}
+HD u32 e2m1_code_sr(float v, float u) {
+  float a = u2f(absbits(v));
+  if (a > 6.0f) a = 6.0f;
+  u32 m = (a >= 0.5f) + (a >= 1.0f) + (a >= 1.5f) + (a >= 2.0f) + (a >= 3.0f) + (a >= 4.0f) + (a >= 6.0f);
+  u32 mh = m < 7 ? m + 1 : 7;
+  float lo = e2m1_value(m), hi = e2m1_value(mh);
+  float p = (a - lo) / (hi - lo);
+  return (u < p ? mh : m) | ((f2u(v) >> 28) & 8u);
+}
+
+// ---------------------------------------------------------------- NVFP4 (recipe §NVFP4)
+HD float nv_s_enc(u32 amax_bits) {                          // second-level encode scale from the group amax
+  if (!bits_finite(amax_bits)) return u2f(0x7fc00000u);     // non-finite group: poisoned
+  float A = u2f(amax_bits);
+  if (A == 0.0f) return 1.0f;
+  float s = 2688.0f / A;
+  return s > LOWP_FP32_MAX ? LOWP_FP32_MAX : s;
+}
+HD u32 nv_scale_code(u32 blk_amax_bits, float S) {          // e4m3_rne(min(amax_blk * S / 6, 448))
+  float s = u2f(blk_amax_bits) * S / 6.0f;
+  if (s > 448.0f) s = 448.0f;
+  return sf_code_rne(s, 3, 7, 448.0f);
+}
+HD float nv_encode(u32 scale_code, float S) {               // min(1 / (fp32(s_blk) * (1 / S)), fp32 max)
+  float dec = 1.0f / S;
+  float e = 1.0f / (sf_value(scale_code, 3, 7) * dec);
+  return e > LOWP_FP32_MAX ? LOWP_FP32_MAX : e;
+}
+HD u32 nv_elem_code(float x, float enc, int sr, float u) {
+  float v = clampf(x * enc, -6.0f, 6.0f);
+  return sr ? e2m1_code_sr(v, u) : e2m1_code_rne(v);
+}
+// One 16-element block: values v (padding already 0), block (or tile) amax bits m, group S_enc, optional uniforms u.
+HD void nv_quantize_block(const float* v, u32 m, float S, const float* u, u64* packed_out, u32* scale_out) {
+  u64 packed = 0;
+  u32 sc;
+  if (is_nan(S)) sc = 0x7fu;                                 // poisoned group: NaN scale, zero codes
+  else {
+    sc = nv_scale_code(m, S);
+    float enc = nv_encode(sc, S);
+    for (int j = 0; j < 16; j++) packed |= (u64)nv_elem_code(v[j], enc, u != 0, u ? u[j] : 0.0f) << (4 * j);
+  }
+  *packed_out = packed; *scale_out = sc;
+}
+HD float nv_dequant(u32 code, u32 scale_code, float S) {    // (e2m1_value * fp32(s_blk)) * (1 / S)
+  float dec = 1.0f / S;
+  return (e2m1_value(code) * sf_value_e4m3(scale_code)) * dec;
+}
+
+// ---------------------------------------------------------------- MXFP8 (OCP MX v1.0)
+// elem 0: E4M3 (mbits 3, bias 7, emax 8, max 448, maxcode 0x7e); elem 1: E5M2 (2, 15, 15, 57344, 0x7b)
+HD int mx_mbits(int elem) { return elem ? 2 : 3; }
+HD int mx_bias(int elem) { return elem ? 15 : 7; }
+HD int mx_emax(int elem) { return elem ? 15 : 8; }
+HD float mx_maxv(int elem) { return elem ? 57344.0f : 448.0f; }
+HD u32 mx_maxcode(int elem) { return elem ? 0x7bu : 0x7eu; }
+
+HD int ilog2_floor_bits(u32 b) {                            // floor(log2(x)) of a positive finite fp32 given its bits
+  int ex = (int)((b >> 23) & 0xff);
+  if (ex) return ex - 127;
+  int e = -150;
+  while (b) { b >>= 1; e++; }
+  return e;
+}
+HD bool is_pow2_bits(u32 b) {
+  if ((b >> 23) & 0xff) return (b & 0x7fffffu) == 0;
+  return (b & (b - 1u)) == 0;
+}
+// E8M0 scale code of a block from its amax bits (255 for a non-finite block). rule 0: floor, 1: rceil.
+HD u32 mx_scale_code(u32 amax_bits, int elem, int rule) {
+  if (!bits_finite(amax_bits)) return 255u;
+  int e;
+  if (amax_bits == 0) e = -127;
+  else if (rule == 0) e = ilog2_floor_bits(amax_bits) - mx_emax(elem);
+  else {
+    float d = u2f(amax_bits) / mx_maxv(elem);
+    u32 db = f2u(d);
+    if (db == 0) e = -127;
+    else e = ilog2_floor_bits(db) + (is_pow2_bits(db) ? 0 : 1);
+  }
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  return (u32)(e + 127);
+}
+HD float e8m0_value(u32 code) { return code == 255u ? u2f(0x7fc00000u) : pow2f((int)code - 127); }
+HD u32 mx_elem_code(float x, u32 scale_code, int elem, int sr, float u) {
+  if (scale_code == 255u) return 0;
+  float maxv = mx_maxv(elem);
+  float v = clampf(x / e8m0_value(scale_code), -maxv, maxv);
+  float a = u2f(absbits(v));
+  u32 m = sr ? sf_code_sr(a, u, mx_mbits(elem), mx_bias(elem), maxv, mx_maxcode(elem))
+             : sf_code_rne(a, mx_mbits(elem), mx_bias(elem), maxv);
+  return m | ((f2u(v) >> 24) & 0x80u);
+}
+HD float mx_dequant(u32 code, u32 scale_code, int elem) {
+  float p = sf_value(code & 0x7fu, mx_mbits(elem), mx_bias(elem));
+  if (code & 0x80u) p = -p;
+  return p * e8m0_value(scale_code);
+}
