@@ -316,7 +316,8 @@ def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, c
     return a
 
 def _base_env() -> dict:
-    bindir = os.path.dirname(sys.executable)
+    # the base interpreter, not a virtualenv's link to it: a venv may sit under /tmp, which the sandbox replaces
+    bindir = os.path.dirname(os.path.realpath(sys.executable))
     return {'PATH': f"{bindir}:/usr/local/bin:/usr/bin:/bin", 'HOME': '/tmp', 'TMPDIR': '/tmp', 'LANG': 'C.UTF-8',
             'LC_ALL': 'C.UTF-8', 'TERM': 'dumb', 'USER': 'sandbox', 'PYTHONDONTWRITEBYTECODE': '1',
             'PYTHONUNBUFFERED': '1', 'PYTHONHASHSEED': '0', 'PIP_NO_INDEX': '1', 'HF_HUB_OFFLINE': '1'}

@@ -280,7 +280,7 @@ def runner_argv(spec: dict) -> list[str]:
 def _q(s: str) -> str: return "'" + s.replace("'", "'\\''") + "'"
 
 def runner_command(spec: dict, python: str | None = None) -> str:
-    return ' '.join([_q(python or sys.executable), PYFLAGS, f'{HIDDEN}/_c2_run.py'] + [_q(a) for a in runner_argv(spec)])
+    return ' '.join([_q(python or os.path.realpath(sys.executable)), PYFLAGS, f'{HIDDEN}/_c2_run.py'] + [_q(a) for a in runner_argv(spec)])
 
 def run_hidden(ws, task: Task, timeout: float = 120, per_test_timeout: float = 10, python: str | None = None) -> TestRun:
     "Copy the hidden tests into workspace `ws` (which must be a throwaway fork), run them, and read the outcome."

@@ -114,7 +114,7 @@ def test_sandbox_support_reports_a_reason():
 def test_runs_as_unprivileged_uid_with_host_python_and_readonly_system(sb, repo):
     r = sb.run('id -u; python -c "import os, sys, test; print(os.path.realpath(sys.executable)); print(sys.prefix)"; pwd')
     assert r.ok, r
-    assert r.stdout.split() == [str(UID), os.path.realpath(sys.executable), sys.prefix, INNER_ROOT]
+    assert r.stdout.split() == [str(UID), os.path.realpath(sys.executable), sys.base_prefix, INNER_ROOT]
     r = sb.run('python -m pytest -q -p no:cacheprovider tests', timeout=60)
     assert r.ok and '1 passed' in r.stdout, r
     assert sb.backend in BACKENDS
