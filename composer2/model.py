@@ -16,7 +16,7 @@ from .config import ConfigError, check
 
 # %% auto #0
 __all__ = ['RopeScaling', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'apply_rope', 'KVCache', 'Attention', 'DenseFFN', 'MoEStats',
-           'MoE', 'ModelOutput', 'Block', 'Transformer', 'Generation', 'sample_next', 'generate']
+           'route', 'MoE', 'ModelOutput', 'Block', 'Transformer', 'Generation', 'sample_next', 'generate']
 
 # %% ../nbs/04_model.ipynb #c006
 @dataclass
@@ -194,6 +194,23 @@ class MoEStats:
     counts: torch.Tensor
     aux_loss: torch.Tensor
 
+def route(moe, x, routes=None):
+    """Router decisions for `x` [B, T, d]: full scores [B, T, E], expert ids [B, T, k] (chosen, or `routes` forced and
+    checked) and gates gathered from the live scores. Shared by `MoE` and the expert-parallel layer."""
+    cfg, (B, T, _) = moe.cfg, x.shape
+    s = moe.scores(x)
+    if routes is None:
+        idx = (s + moe.router_bias).topk(cfg.top_k, dim=-1).indices
+    else:
+        if routes.shape != (B, T, cfg.top_k):
+            raise ValueError(f"forced routes have shape {tuple(routes.shape)}, expected {(B, T, cfg.top_k)}")
+        idx = routes.to(device=x.device, dtype=torch.long)
+        if bool(((idx < 0) | (idx >= cfg.n_experts)).any()):
+            raise ValueError(f"forced routes hold expert ids outside [0, {cfg.n_experts})")
+    gates = s.gather(-1, idx)                                       # live scores at the chosen experts
+    if cfg.norm_topk: gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-9)
+    return s, idx, gates
+
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -212,17 +229,7 @@ class MoE(nn.Module):
     def forward(self, x, routes=None, valid=None):
         "x [B, T, d]; `routes` [B, T, k] forces expert choices; `valid` [B, T] marks real (unpadded) tokens."
         cfg, (B, T, d) = self.cfg, x.shape
-        s = self.scores(x)                                              # [B, T, E], full distribution
-        if routes is None:
-            idx = (s + self.router_bias).topk(cfg.top_k, dim=-1).indices
-        else:
-            if routes.shape != (B, T, cfg.top_k):
-                raise ValueError(f"forced routes have shape {tuple(routes.shape)}, expected {(B, T, cfg.top_k)}")
-            idx = routes.to(device=x.device, dtype=torch.long)
-            if bool(((idx < 0) | (idx >= cfg.n_experts)).any()):
-                raise ValueError(f"forced routes hold expert ids outside [0, {cfg.n_experts})")
-        gates = s.gather(-1, idx)                                       # live scores at the chosen experts
-        if cfg.norm_topk: gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-9)
+        s, idx, gates = route(self, x, routes)
         xf, flat = x.reshape(-1, d), idx.reshape(-1)
         order = flat.argsort(stable=True)
         counts = torch.bincount(flat, minlength=cfg.n_experts)

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ConfigError, check
-from .model import MoE, MoEStats, Attention, DenseFFN, _grouped
+from .model import MoE, MoEStats, Attention, DenseFFN, _grouped, route
 
 # %% auto #0
 __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigzag_unshard', 'lse_merge', 'ring_attention',
@@ -310,17 +310,7 @@ class EPMoE(nn.Module):
 
     def forward(self, x, routes=None, valid=None):
         cfg, (B, T, d), W, El = self.cfg, x.shape, self.ep, self.n_local
-        s = self.scores(x)
-        if routes is None:
-            idx = (s + self.router_bias).topk(cfg.top_k, dim=-1).indices
-        else:
-            if routes.shape != (B, T, cfg.top_k):
-                raise ValueError(f"forced routes have shape {tuple(routes.shape)}, expected {(B, T, cfg.top_k)}")
-            idx = routes.to(device=x.device, dtype=torch.long)
-            if bool(((idx < 0) | (idx >= cfg.n_experts)).any()):
-                raise ValueError(f"forced routes hold expert ids outside [0, {cfg.n_experts})")
-        gates = s.gather(-1, idx)
-        if cfg.norm_topk: gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-9)
+        s, idx, gates = route(self, x, routes)
         xf, flat = x.reshape(-1, d), idx.reshape(-1)
         order = flat.argsort(stable=True)
         counts = torch.bincount(flat, minlength=cfg.n_experts)             # per global expert, sorted = by dest rank
