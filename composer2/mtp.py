@@ -226,7 +226,7 @@ class MTPStageConfig:
     eval_windows: int = 16
     eval_every: int = 50           # held-out depth-1 acceptance during both trainings every this many steps (0: off)
     temperature: float = 1.0       # sampling temperature: teacher-forced 1 - TV and the speculative-sampling run
-    draft_len: int = 2             # drafts per verify step in the decoding runs (<= depth)
+    draft_len: int = 2             # drafts per verify step of the headline speedup (<= depth; every length is timed)
     decode_prompts: int = 8        # held-out prompts decoded (batch size of the batched run)
     prompt_len: int = 32
     new_tokens: int = 48
@@ -316,21 +316,25 @@ def stage(params: str = 'params.yaml') -> dict:
     offs = rng.integers(0, len(eval_s) - cfg.prompt_len, size=cfg.decode_prompts)
     prompts = [np.asarray(eval_s[o:o + cfg.prompt_len], dtype=np.int64).tolist() for o in offs]
     from composer2.speculative import speculative_generate
-    dec = {k: speculative_generate(m, h, prompts, cfg.new_tokens, draft_len=cfg.draft_len).stats() for k, (m, h) in variants.items()}
+    D = cfg.depth                                       # decoding statistics with the whole chain: a draft per depth
+    dec = {k: speculative_generate(m, h, prompts, cfg.new_tokens, draft_len=D).stats() for k, (m, h) in variants.items()}
     samp = {}
     for k, (m, h) in variants.items():                  # speculative sampling: empirical acceptance vs the expected 1 - TV
         g = torch.Generator(device=dev).manual_seed(tc.seed + 2)
-        samp[k] = speculative_generate(m, h, prompts, cfg.new_tokens, draft_len=cfg.draft_len, temperature=cfg.temperature,
+        samp[k] = speculative_generate(m, h, prompts, cfg.new_tokens, draft_len=D, temperature=cfg.temperature,
                                        generator=g).stats()
     B = len(prompts)
-    bench = {'batch_1': decode_comparison(base, sd, prompts[:1], cfg.new_tokens, cfg.draft_len, cfg.bench_reps)}
-    if B > 1: bench[f'batch_{B}'] = decode_comparison(base, sd, prompts, cfg.new_tokens, cfg.draft_len, cfg.bench_reps)
+    by_k = {}                                           # throughput with the self-distilled heads, every draft length
+    for K in range(1, D + 1):
+        by_k[K] = {'batch_1': decode_comparison(base, sd, prompts[:1], cfg.new_tokens, K, cfg.bench_reps)}
+        if B > 1: by_k[K][f'batch_{B}'] = decode_comparison(base, sd, prompts, cfg.new_tokens, K, cfg.bench_reps)
+    bench = by_k[cfg.draft_len]
     save_mtp(out_dir / 'ckpt', base, sd, {'stage': 'mtp', 'base_ckpt': str(cfg.base_ckpt), 'history': h_sd})
     per_depth = lambda st: [None if x != x else x for x in st['acceptance_per_depth']]     # NaN (depth never reached) -> null
     metrics = {
         # acceptance of the first draft token (DeepSeek-V3's "2nd token"), greedy, teacher-forced on held-out code
         'acceptance': {k: v['greedy'][0] for k, v in tf.items()},
-        # decode tokens/s, speculative (self-distilled heads) over plain greedy, batch 1, same run
+        # decode tokens/s, speculative (self-distilled heads, draft_len drafts per verify) over plain greedy, batch 1, same run
         'speedup': bench['batch_1']['speedup'],
         f'speedup_batch_{B}': bench[f'batch_{B}']['speedup'] if B > 1 else bench['batch_1']['speedup'],
         'acceptance_per_depth': {k: v['greedy'] for k, v in tf.items()},
@@ -343,7 +347,9 @@ def stage(params: str = 'params.yaml') -> dict:
         'mean_accepted_per_verify': dec['self_distill']['accepted_per_verify'],
         'tokens_per_verify': dec['self_distill']['tokens_per_verify'],
         'bench': {b: {**r, 'acceptance_per_depth': per_depth(r)} for b, r in bench.items()},
-        'greedy_match': all(b['greedy_match'] for b in bench.values()),
+        'speedup_by_draft_len': {K: {b: r['speedup'] for b, r in rs.items()} for K, rs in by_k.items()},
+        'tokens_per_verify_by_draft_len': {K: {b: r['tokens_per_verify'] for b, r in rs.items()} for K, rs in by_k.items()},
+        'greedy_match': all(r['greedy_match'] for rs in by_k.values() for r in rs.values()),
         'acceptance_curve': curves,
         'heldout_ppl': {'base': perplexity(base, eval_s, cfg.eval_seq_len, cfg.eval_windows),
                         'joint': perplexity(jm, eval_s, cfg.eval_seq_len, cfg.eval_windows)},
