@@ -1,7 +1,7 @@
 """Speculative (MTP drafts) over plain greedy decoding throughput, at batch 1 and batch 8, measured in one run.
 
     python benchmarks/bench_speculative.py                       # data/mtp/ckpt if present, else a synthetic toy model
-    python benchmarks/bench_speculative.py --ckpt data/mtp/ckpt --stream data/tokens/heldout.bin --draft-len 2
+    python benchmarks/bench_speculative.py --ckpt data/mtp/ckpt --stream data/tokens/heldout.bin --draft-len 1
 
 Every figure is printed as a ratio to plain `composer2.model.generate` measured in the same process, on the same
 prompts; the greedy outputs are checked to be identical.
@@ -39,7 +39,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--ckpt', default='data/mtp/ckpt', help='a save_mtp checkpoint (falls back to a toy model)')
     ap.add_argument('--stream', default='data/tokens/heldout.bin', help='uint16 token stream for the prompts')
-    ap.add_argument('--draft-len', type=int, default=0, help='drafts per verify step (0: all MTP depths)')
+    ap.add_argument('--draft-len', type=int, default=0, help='drafts per verify step (0: every length 1..D)')
     ap.add_argument('--prompt-len', type=int, default=32)
     ap.add_argument('--new-tokens', type=int, default=64)
     ap.add_argument('--batches', default='1,8')
@@ -56,18 +56,18 @@ def main(argv=None):
     else:
         m, h, stream = toy(); m, h = m.to(dev), h.to(dev); src = 'toy (synthetic repetitive stream)'
         stream = stream[-5000:]
-    K = a.draft_len or h.depth
+    Ks = [a.draft_len] if a.draft_len else list(range(1, h.depth + 1))
     rng = np.random.default_rng(0)
     batches = [int(b) for b in a.batches.split(',')]
     offs = rng.integers(0, len(stream) - a.prompt_len, size=max(batches))
     prompts = [np.asarray(stream[o:o + a.prompt_len], dtype=np.int64).tolist() for o in offs]
-    print(f"model: {src}; device {dev}, threads {torch.get_num_threads()}; MTP depth {h.depth}, draft_len {K}, "
+    print(f"model: {src}; device {dev}, threads {torch.get_num_threads()}; MTP depth {h.depth}, draft lengths {Ks}, "
           f"prompt {a.prompt_len}, new tokens {a.new_tokens}, best of {a.reps}")
     res = {}
-    for b in batches:
+    for K, b in [(K, b) for K in Ks for b in batches]:
         r = decode_comparison(m, h, prompts[:b], a.new_tokens, K, a.reps)
-        res[f'batch_{b}'] = r
-        print(f"batch {b}: plain {r['plain_tokens_per_s']:.1f} tok/s (1.00x)  speculative {r['spec_tokens_per_s']:.1f} tok/s "
+        res[f'draft_{K}/batch_{b}'] = r
+        print(f"draft_len {K}, batch {b}: plain {r['plain_tokens_per_s']:.1f} tok/s (1.00x)  speculative {r['spec_tokens_per_s']:.1f} tok/s "
               f"({r['speedup']:.2f}x)  tokens/verify {r['tokens_per_verify']:.2f}  acceptance/depth "
               f"{[round(x, 3) for x in r['acceptance_per_depth']]}  greedy identical: {r['greedy_match']}")
     if a.json: Path(a.json).write_text(json.dumps(res, indent=2))

@@ -224,8 +224,9 @@ class MTPStageConfig:
     train: MTPTrainConfig = field(default_factory=MTPTrainConfig)
     eval_seq_len: int = 128
     eval_windows: int = 16
-    temperature: float = 1.0       # for 1 - TV
-    draft_len: int = 2             # drafts per verify step in the decoding runs (<= depth)
+    eval_every: int = 50           # held-out depth-1 acceptance during both trainings every this many steps (0: off)
+    temperature: float = 1.0       # sampling temperature: teacher-forced 1 - TV and the speculative-sampling run
+    draft_len: int = 2             # drafts per verify step of the headline speedup (<= depth; every length is timed)
     decode_prompts: int = 8        # held-out prompts decoded (batch size of the batched run)
     prompt_len: int = 32
     new_tokens: int = 48
@@ -237,6 +238,7 @@ class MTPStageConfig:
         check(1 <= self.draft_len <= self.depth, f"mtp.draft_len must be in [1, depth={self.depth}], got {self.draft_len}")
         for k in ['eval_seq_len', 'eval_windows', 'decode_prompts', 'prompt_len', 'new_tokens', 'bench_reps']:
             check(getattr(self, k) > 0, f"mtp.{k} must be > 0, got {getattr(self, k)}")
+        check(self.eval_every >= 0, f"mtp.eval_every must be >= 0, got {self.eval_every}")
         check(self.eval_seq_len > self.depth, "mtp.eval_seq_len must exceed depth")
         check(self.temperature > 0, "mtp.temperature must be > 0")
         check(self.device in ('auto', 'cpu', 'cuda'), f"mtp.device must be auto, cpu or cuda, got {self.device!r}")
@@ -265,6 +267,7 @@ def decode_comparison(model, mtp, prompts, new_tokens: int, draft_len: int, reps
 def stage(params: str = 'params.yaml') -> dict:
     "The `mtp` pipeline stage: self-distilled MTP heads on the long-context checkpoint, compared with untrained and joint heads."
     from composer2.tokenizer import load_stream
+    t_start = time.time()
     cfg = load_section(MTPStageConfig, 'mtp', params)
     if cfg.threads: torch.set_num_threads(cfg.threads)
     P = Path                                   # paths are relative to the working directory (the DVC workspace)
@@ -285,18 +288,27 @@ def stage(params: str = 'params.yaml') -> dict:
         from dvclive import Live
         live = Live(str(P(cfg.live_dir)), dvcyaml=None, save_dvc_exp=False, report=None)
     except Exception: live = None
-    def logger(name):
+    curves = {'self_distill': [], 'joint': []}
+    ev_windows = min(cfg.eval_windows, 8)
+    def logger(name, m, h):
         def f(step, loss, mloss):
             print(f"mtp/{name} step {step}: loss {loss:.4f} mtp {mloss:.4f}", flush=True)
-            if live is not None: live.log_metric(f'{name}/loss', loss, plot=True); live.log_metric(f'{name}/mtp_loss', mloss, plot=True)
+            if live is not None:
+                live.step = step
+                live.log_metric(f'{name}/loss', loss, plot=True); live.log_metric(f'{name}/mtp_loss', mloss, plot=True)
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == tc.steps):
+                modes = (m.training, h.training)
+                a = acceptance_stats(m, h, eval_s, cfg.eval_seq_len, ev_windows, temperature=cfg.temperature)
+                m.train(modes[0]); h.train(modes[1])
+                curves[name].append({'step': step, 'acceptance': a['greedy'][0], 'one_minus_tv': a['one_minus_tv'][0]})
+                if live is not None: live.log_metric(f'{name}/heldout_acceptance', a['greedy'][0], plot=True)
         return f
     variants = {'untrained': (base, copy.deepcopy(fresh))}
     sd = copy.deepcopy(fresh)
-    if live is not None: live.step = 0
-    h_sd = train_mtp(base, sd, batch_fn, tc, 'self_distill', logger('self_distill'))
+    h_sd = train_mtp(base, sd, batch_fn, tc, 'self_distill', logger('self_distill', base, sd))
     variants['self_distill'] = (base, sd)
     jm, jh = copy.deepcopy(base), copy.deepcopy(fresh)
-    h_j = train_mtp(jm, jh, batch_fn, tc, 'joint', logger('joint'))
+    h_j = train_mtp(jm, jh, batch_fn, tc, 'joint', logger('joint', jm, jh))
     variants['joint'] = (jm, jh)
     if live is not None: live.end()
     tf = {k: acceptance_stats(m, h, eval_s, cfg.eval_seq_len, cfg.eval_windows, temperature=cfg.temperature) for k, (m, h) in variants.items()}
@@ -304,28 +316,50 @@ def stage(params: str = 'params.yaml') -> dict:
     offs = rng.integers(0, len(eval_s) - cfg.prompt_len, size=cfg.decode_prompts)
     prompts = [np.asarray(eval_s[o:o + cfg.prompt_len], dtype=np.int64).tolist() for o in offs]
     from composer2.speculative import speculative_generate
-    dec = {k: speculative_generate(m, h, prompts, cfg.new_tokens, draft_len=cfg.draft_len).stats() for k, (m, h) in variants.items()}
-    bench = {'batch_1': decode_comparison(base, sd, prompts[:1], cfg.new_tokens, cfg.draft_len, cfg.bench_reps),
-             f'batch_{len(prompts)}': decode_comparison(base, sd, prompts, cfg.new_tokens, cfg.draft_len, cfg.bench_reps)}
+    D = cfg.depth                                       # decoding statistics with the whole chain: a draft per depth
+    dec = {k: speculative_generate(m, h, prompts, cfg.new_tokens, draft_len=D).stats() for k, (m, h) in variants.items()}
+    samp = {}
+    for k, (m, h) in variants.items():                  # speculative sampling: empirical acceptance vs the expected 1 - TV
+        g = torch.Generator(device=dev).manual_seed(tc.seed + 2)
+        samp[k] = speculative_generate(m, h, prompts, cfg.new_tokens, draft_len=D, temperature=cfg.temperature,
+                                       generator=g).stats()
+    B = len(prompts)
+    by_k = {}                                           # throughput with the self-distilled heads, every draft length
+    for K in range(1, D + 1):
+        by_k[K] = {'batch_1': decode_comparison(base, sd, prompts[:1], cfg.new_tokens, K, cfg.bench_reps)}
+        if B > 1: by_k[K][f'batch_{B}'] = decode_comparison(base, sd, prompts, cfg.new_tokens, K, cfg.bench_reps)
+    bench = by_k[cfg.draft_len]
     save_mtp(out_dir / 'ckpt', base, sd, {'stage': 'mtp', 'base_ckpt': str(cfg.base_ckpt), 'history': h_sd})
+    per_depth = lambda st: [None if x != x else x for x in st['acceptance_per_depth']]     # NaN (depth never reached) -> null
     metrics = {
+        # acceptance of the first draft token (DeepSeek-V3's "2nd token"), greedy, teacher-forced on held-out code
         'acceptance': {k: v['greedy'][0] for k, v in tf.items()},
-        'speedup': bench[f'batch_{len(prompts)}']['speedup'],
-        'speedup_batch_1': bench['batch_1']['speedup'],
+        # decode tokens/s, speculative (self-distilled heads, draft_len drafts per verify) over plain greedy, batch 1, same run
+        'speedup': bench['batch_1']['speedup'],
+        f'speedup_batch_{B}': bench[f'batch_{B}']['speedup'] if B > 1 else bench['batch_1']['speedup'],
         'acceptance_per_depth': {k: v['greedy'] for k, v in tf.items()},
         'one_minus_tv': {k: v['one_minus_tv'] for k, v in tf.items()},
         'sampling_temperature': cfg.temperature,
         'decode': {k: {'tokens_per_verify': v['tokens_per_verify'], 'accepted_per_verify': v['accepted_per_verify'],
-                       'acceptance_per_depth': v['acceptance_per_depth']} for k, v in dec.items()},
+                       'acceptance_per_depth': per_depth(v)} for k, v in dec.items()},
+        'sampling': {k: {'tokens_per_verify': v['tokens_per_verify'], 'accepted_per_verify': v['accepted_per_verify'],
+                         'acceptance_per_depth': per_depth(v)} for k, v in samp.items()},
         'mean_accepted_per_verify': dec['self_distill']['accepted_per_verify'],
-        'bench': bench,
-        'greedy_match': all(b['greedy_match'] for b in bench.values()),
+        'tokens_per_verify': dec['self_distill']['tokens_per_verify'],
+        'bench': {b: {**r, 'acceptance_per_depth': per_depth(r)} for b, r in bench.items()},
+        'speedup_by_draft_len': {K: {b: r['speedup'] for b, r in rs.items()} for K, rs in by_k.items()},
+        'tokens_per_verify_by_draft_len': {K: {b: r['tokens_per_verify'] for b, r in rs.items()} for K, rs in by_k.items()},
+        'greedy_match': all(r['greedy_match'] for rs in by_k.values() for r in rs.values()),
+        'acceptance_curve': curves,
         'heldout_ppl': {'base': perplexity(base, eval_s, cfg.eval_seq_len, cfg.eval_windows),
                         'joint': perplexity(jm, eval_s, cfg.eval_seq_len, cfg.eval_windows)},
         'final_mtp_loss': {'self_distill_kl': h_sd['mtp_loss'][-1], 'joint_ce': h_j['mtp_loss'][-1]},
         'train_wall_s': {'self_distill': h_sd['wall_s'], 'joint': h_j['wall_s']},
+        'base_ckpt': {'path': str(cfg.base_ckpt), 'stage': base_meta.get('stage')},
         'config': {'depth': cfg.depth, 'moe': cfg.moe, 'draft_len': cfg.draft_len, 'steps': tc.steps,
-                   'batch_size': tc.batch_size, 'seq_len': tc.seq_len, 'device': str(dev)},
+                   'batch_size': tc.batch_size, 'seq_len': tc.seq_len, 'prompt_len': cfg.prompt_len,
+                   'new_tokens': cfg.new_tokens, 'threads': torch.get_num_threads(), 'device': str(dev)},
+        'wall_s': time.time() - t_start,
     }
     write_json(P(cfg.metrics), metrics)
     return metrics

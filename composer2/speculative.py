@@ -129,9 +129,10 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
         drafts, qs = [], []
         for k in range(1, K + 1):
             mc[k - 1].lengths = c.clone()
-            h, lg, _ = mtp.step(k - 1, model, seq.gather(1, (idx + k).clamp(max=seq.shape[1] - 1)), h, idx, mc[k - 1])
+            mod = mtp.mods[k - 1]
+            h, _ = mod(model.embed(seq.gather(1, (idx + k).clamp(max=seq.shape[1] - 1))), h, idx, model.inv_freq, model.mscale, mc[k - 1])
             mc[k - 1].lengths = N.clone()
-            d, q = _pick(lg[ar, last], temperature, top_p, generator)
+            d, q = _pick(model.head(mod.norm(h[ar, last])), temperature, top_p, generator)   # the head only where a draft is made
             seq[ar, N + k] = d; drafts.append(d); qs.append(q)
         drafts = torch.stack(drafts, 1)
         # 2. verify with one main forward over [s_N, d_1..d_K]

@@ -13,26 +13,9 @@ from composer2.model import ModelConfig, Transformer
 from composer2.mtp import (MTPHeads, MTPStageConfig, MTPTrainConfig, acceptance_stats, load_mtp, mtp_ce, mtp_kl, save_mtp,
                            stage, train_mtp)
 from composer2.train import CheckpointError, TrainConfig, WindowSampler, load_model, save_checkpoint, train
-
-
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    n = torch.get_num_threads(); torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def tiny_cfg(**kw):
-    base = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, top_k=2, d_expert=32, max_seq_len=256)
-    base.update(kw); return ModelConfig(**base)
-
-
-def cycle_stream(n=20000, period=7, vocab=64, noise=0.05, seed=0):
-    rng = np.random.default_rng(seed)
-    s = rng.integers(0, vocab, period)[np.arange(n) % period]
-    flip = rng.random(n) < noise
-    s[flip] = rng.integers(0, vocab, int(flip.sum()))
-    return s.astype(np.uint16)
+import functools
+from conftest import cycle_stream as _cycle, mtp_cfg as tiny_cfg
+cycle_stream = functools.partial(_cycle, noise=0.05)       # a little noise: the MTP targets are not deterministic
 
 
 @pytest.fixture(scope='module')

@@ -10,28 +10,7 @@ from composer2.model import KVCache, ModelConfig, Transformer, generate
 from composer2.mtp import MTPHeads, MTPTrainConfig, train_mtp
 from composer2.speculative import speculative_generate, verify_greedy, verify_sampling, warp
 from composer2.train import TrainConfig, WindowSampler, train
-
-
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    n = torch.get_num_threads(); torch.set_num_threads(1)   # tiny models: threads only add contention
-    yield
-    torch.set_num_threads(n)
-
-
-def tiny_cfg(vocab=64, **kw):
-    base = dict(vocab_size=vocab, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, top_k=2, d_expert=32,
-                max_seq_len=256)
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-def cycle_stream(n=20000, period=7, vocab=64, noise=0.0, seed=0):
-    rng = np.random.default_rng(seed)
-    s = rng.integers(0, vocab, period)[np.arange(n) % period]
-    flip = rng.random(n) < noise
-    s[flip] = rng.integers(0, vocab, int(flip.sum()))
-    return s.astype(np.uint16)
+from conftest import cycle_stream, mtp_cfg as tiny_cfg
 
 
 @pytest.fixture(scope='module')
