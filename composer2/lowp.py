@@ -217,6 +217,7 @@ def train_mlp(precision: Literal['fp32', 'lowp'] = 'fp32', steps: int = 300, d: 
     return losses
 
 # %% ../nbs/21_lowp.ipynb #c025
+import json
 from dataclasses import field
 from pathlib import Path
 
@@ -248,8 +249,11 @@ class LowpStageConfig(PretrainConfig):
 def _reused_history(cfg: LowpStageConfig) -> dict:
     "The `high` arm from an existing run's checkpoint, refused unless it is exactly this budget."
     meta = read_meta(cfg.reuse_high)
-    want = {'init': cfg.init, 'train_config': to_dict(cfg.train), 'precision': 'high', 'steps': cfg.train.steps}
-    got = {'init': meta.get('init'), 'train_config': meta.get('train_config'),
+    ck = Path(cfg.reuse_high)
+    rc = next((d / 'config.json' for d in (ck.parent, ck.parent.parent) if (d / 'config.json').exists()), None)
+    secs = [v for v in json.loads(rc.read_text()).values() if isinstance(v, dict) and 'data' in v] if rc else []
+    want = {'init': cfg.init, 'data': cfg.data, 'train_config': to_dict(cfg.train), 'precision': 'high', 'steps': cfg.train.steps}
+    got = {'init': meta.get('init'), 'data': secs[0]['data'] if len(secs) == 1 else None, 'train_config': meta.get('train_config'),
            'precision': meta.get('model_config', {}).get('precision', 'high'), 'steps': meta.get('step')}
     diff = [k for k in want if want[k] != got[k]]
     if diff:
