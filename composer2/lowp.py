@@ -13,8 +13,9 @@ import torch
 from . import quant as Q
 
 # %% auto #0
-__all__ = ['LowpConfig', 'get_lowp_config', 'set_lowp_config', 'lowp_config', 'LowpLinearFn', 'lowp_linear', 'grad_errors',
-           'grouped_linear', 'LowpGroupedFn', 'lowp_grouped_linear', 'train_mlp']
+__all__ = ['PRECISIONS', 'LowpConfig', 'get_lowp_config', 'set_lowp_config', 'lowp_config', 'LowpLinearFn', 'lowp_linear',
+           'grad_errors', 'grouped_linear', 'LowpGroupedFn', 'lowp_grouped_linear', 'train_mlp', 'LowpStageConfig',
+           'run_lowp', 'stage']
 
 # %% ../nbs/21_lowp.ipynb #c006
 @dataclass
@@ -214,3 +215,92 @@ def train_mlp(precision: Literal['fp32', 'lowp'] = 'fp32', steps: int = 300, d: 
         opt.zero_grad(); loss.backward(); opt.step()
         losses.append(loss.item())
     return losses
+
+# %% ../nbs/21_lowp.ipynb #c025
+import json
+from dataclasses import field
+from pathlib import Path
+
+from .config import ConfigError, check, load_section, to_dict, write_json, write_resolved
+from .pretrain import PretrainConfig
+from .train import TrainConfig, WindowSampler, load_model, perplexity, read_meta, train
+from .tokenizer import load_stream
+
+PRECISIONS = ('high', 'nvfp4_mxfp8')
+
+@dataclass
+class LowpStageConfig(PretrainConfig):
+    "The lowp study: `PretrainConfig` (one CPT run) trained once per precision in `arms`."
+    init: str = 'data/base/ckpt'
+    out_dir: str = 'data/lowp'
+    arms: list[str] = field(default_factory=lambda: list(PRECISIONS))
+    quant: LowpConfig = field(default_factory=LowpConfig)
+    reuse_high: str = ''            # checkpoint whose history is the `high` arm (same budget only), '' = train it
+    final_window: int = 20
+    def __post_init__(self):
+        super().__post_init__()
+        check(bool(self.init), "lowp.init must name the checkpoint both arms start from")
+        check(self.context_factor == 1, "lowp compares precisions at a fixed context: context_factor must be 1")
+        check(len(self.arms) >= 1 and all(a in PRECISIONS for a in self.arms) and len(set(self.arms)) == len(self.arms),
+              f"lowp.arms must be distinct entries of {list(PRECISIONS)}, got {self.arms}")
+        check(self.final_window >= 1, f"lowp.final_window must be >= 1, got {self.final_window}")
+
+# %% ../nbs/21_lowp.ipynb #c026
+def _reused_history(cfg: LowpStageConfig) -> dict:
+    "The `high` arm from an existing run's checkpoint, refused unless it is exactly this budget."
+    meta = read_meta(cfg.reuse_high)
+    ck = Path(cfg.reuse_high)
+    rc = next((d / 'config.json' for d in (ck.parent, ck.parent.parent) if (d / 'config.json').exists()), None)
+    secs = [v for v in json.loads(rc.read_text()).values() if isinstance(v, dict) and 'data' in v] if rc else []
+    want = {'init': cfg.init, 'data': cfg.data, 'train_config': to_dict(cfg.train), 'precision': 'high', 'steps': cfg.train.steps}
+    got = {'init': meta.get('init'), 'data': secs[0]['data'] if len(secs) == 1 else None, 'train_config': meta.get('train_config'),
+           'precision': meta.get('model_config', {}).get('precision', 'high'), 'steps': meta.get('step')}
+    diff = [k for k in want if want[k] != got[k]]
+    if diff:
+        raise ConfigError(f"lowp.reuse_high: {cfg.reuse_high} is not the same budget ({', '.join(diff)} differ: "
+                          f"{ {k: got[k] for k in diff} } vs { {k: want[k] for k in diff} }); set reuse_high: '' to train it")
+    h = meta['history']
+    return {**h, 'wall_s': None, 'tokens_per_s': None, 'reused_from': str(cfg.reuse_high)}
+
+def _arm_metrics(hist: dict, window: int) -> dict:
+    last = hist['eval'][-1]; w = min(window, len(hist['loss']))
+    return {'final_loss': hist['loss'][-1], 'final_loss_window': sum(hist['loss'][-w:]) / w, 'first_loss': hist['loss'][0],
+            'val_ppl': last['val_ppl'], 'heldout_ppl': last['heldout_ppl'], 'tokens': hist['tokens'][-1],
+            'wall_s': hist.get('wall_s'), 'tokens_per_s': hist.get('tokens_per_s'), 'eval_curve': hist['eval'],
+            **({'reused_from': hist['reused_from']} if 'reused_from' in hist else {})}
+
+def run_lowp(cfg: LowpStageConfig, metrics_path='reports/metrics/lowp.json', live_root='reports/live/lowp') -> dict:
+    "Train each arm from `cfg.init` on the same batches; write per-arm checkpoints, curves and the comparison."
+    stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
+    L, out = cfg.train.seq_len, Path(cfg.out_dir)
+    write_resolved(out, lowp=cfg)
+    ev = lambda m: {'val_ppl': perplexity(m, val, L, cfg.train.eval_windows), 'heldout_ppl': perplexity(m, held, L, cfg.train.eval_windows)}
+    arms = {}
+    for arm in cfg.arms:
+        if arm == 'high' and cfg.reuse_high:
+            arms[arm] = _arm_metrics(_reused_history(cfg), cfg.final_window); continue
+        model, meta = load_model(cfg.init, precision=arm)
+        if L > model.cfg.max_seq_len: raise ConfigError(f"lowp.train.seq_len ({L}) exceeds the model context ({model.cfg.max_seq_len})")
+        with lowp_config(**asdict(cfg.quant)):
+            hist = train(model, cfg.train, WindowSampler(stream, L, cfg.train.batch_size, cfg.train.seed), out / arm,
+                         stage=f'lowp_{arm}', eval_fn=ev, live_dir=f'{live_root}/{arm}',
+                         meta={'init': cfg.init, 'init_commit': meta.get('git_commit'), 'lowp': asdict(cfg.quant)})
+            arms[arm] = _arm_metrics(hist, cfg.final_window)
+        if arm != 'high':                                   # the same weights served in high precision
+            hp, _ = load_model(out / arm / 'ckpt', precision='high')
+            arms[arm]['heldout_ppl_high_fwd'] = perplexity(hp, held, L, cfg.train.eval_windows)
+    res = {'steps': cfg.train.steps, 'seq_len': L, 'batch_size': cfg.train.batch_size, 'init': cfg.init,
+           'data': cfg.data, 'quant': asdict(cfg.quant), 'arms': arms}
+    if len(cfg.arms) > 1:
+        b = arms[cfg.arms[0]]
+        res['gaps'] = {a: {'rel_final_loss': (arms[a]['final_loss'] - b['final_loss']) / b['final_loss'],
+                           'rel_final_loss_window': (arms[a]['final_loss_window'] - b['final_loss_window']) / b['final_loss_window'],
+                           'rel_heldout_ppl': (arms[a]['heldout_ppl'] - b['heldout_ppl']) / b['heldout_ppl'],
+                           'slowdown': (b['tokens_per_s'] / arms[a]['tokens_per_s']) if b['tokens_per_s'] and arms[a]['tokens_per_s'] else None}
+                       for a in cfg.arms[1:]}
+    write_json(metrics_path, res)
+    return res
+
+def stage(params='params.yaml') -> dict:
+    "DVC stage `lowp`: the high-precision vs NVFP4/MXFP8 CPT comparison."
+    return run_lowp(load_section(LowpStageConfig, 'lowp', params))

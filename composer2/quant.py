@@ -43,12 +43,27 @@ def _uniform(shape, u, generator, device):
     if tuple(u.shape) != tuple(shape): raise ValueError(f"random tensor has shape {tuple(u.shape)}, expected {tuple(shape)}")
     return u.to(torch.float32)
 
+_SR_FMT = {'e2m1': (1, 0, E2M1_MAX), 'e4m3': (3, -6, E4M3_MAX), 'e5m2': (2, -14, E5M2_MAX)}
+"Stochastic-rounding formats: mantissa bits, smallest normal exponent, largest finite value."
+
 def stochastic_round(v: torch.Tensor, fmt: Literal['e2m1', 'e4m3', 'e5m2'], u: Optional[torch.Tensor] = None,
                      generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    "Unbiased stochastic rounding of fp32 `v` onto format `fmt`'s grid (saturating); returns exactly representable fp32."
-    if fmt not in _GRIDS: raise ValueError(f"stochastic_round: unknown format {fmt!r}; use one of {list(_GRIDS)}")
-    grid = _GRIDS[fmt].to(v.device); n = grid.numel()
+    """Unbiased stochastic rounding of fp32 `v` onto format `fmt`'s grid (saturating); returns exactly representable fp32.
+    The neighbours come from arithmetic, not a table: with ulp = 2^(max(floor(log2|v|), emin) - mbits), lo = ulp·floor(|v|/ulp)
+    and hi = lo + ulp (all exact); hi is taken when u < (|v| - lo) / ulp. NaN stays NaN."""
+    if fmt not in _SR_FMT: raise ValueError(f"stochastic_round: unknown format {fmt!r}; use one of {list(_SR_FMT)}")
+    mbits, emin, maxv = _SR_FMT[fmt]
     u = _uniform(v.shape, u, generator, v.device)
+    a = v.abs().clamp(max=maxv)
+    e = ((a.view(torch.int32) >> 23) - 127).clamp(min=emin)      # floor(log2 a) from the exponent field; emin below the normals
+    ulp = ((e - mbits + 127) << 23).view(torch.float32)          # 2^(e - mbits), a normal fp32 for every format here
+    lo = torch.floor(a / ulp) * ulp
+    p = (a - lo) / ulp                                            # a == maxv: lo == a, p = 0, stays at maxv
+    return torch.copysign(torch.where(u < p, lo + ulp, lo), v)
+
+def _stochastic_round_by_table(v, fmt, u):
+    "The same rounding by searching the format's table of values (slow; kept to test `stochastic_round` against)."
+    grid = _GRIDS[fmt].to(v.device); n = grid.numel()
     a = v.abs().clamp(max=float(grid[-1]))
     idx = (torch.searchsorted(grid, a.contiguous(), right=True) - 1).clamp(0, n - 1)
     lo, hi = grid[idx], grid[(idx + 1).clamp(max=n - 1)]

@@ -1,7 +1,8 @@
 // Scalar numerics shared by the CUDA kernels and the host emulation used in the CPU tests.
 // Every function here is pure fp32/integer arithmetic with the same operation order as composer2.quant (the
 // reference), so kernel, host emulation and reference agree bit for bit. No CUDA headers are needed.
-#pragma once
+#ifndef LOWP_COMMON_CUH
+#define LOWP_COMMON_CUH
 #ifndef __CUDACC__
 #define __host__
 #define __device__
@@ -39,8 +40,9 @@ HD float pow2f(int e) {                                      // exact 2^e for e 
 HD float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }   // v is never NaN here
 
 // ---------------------------------------------------------------- small float formats
-// Round-to-nearest-even of a >= 0 (finite) onto a format with `mbits` mantissa bits and exponent bias `bias`,
-// saturating at the largest finite value maxv. Returns the magnitude code (sign bit not included).
+// One set of helpers for every element format here, described by (mbits, bias, maxv, maxcode):
+//   E2M1 (1, 1, 6, 7), E4M3 (3, 7, 448, 0x7e), E5M2 (2, 15, 57344, 0x7b). Codes are magnitudes (no sign bit).
+// Round-to-nearest-even of a >= 0 (finite), saturating at the largest finite value maxv.
 HD u32 sf_code_rne(float a, int mbits, int bias, float maxv) {
   if (a > maxv) a = maxv;
   if (a < pow2f(-126)) return 0;                            // far below half the smallest subnormal of any format here
@@ -65,7 +67,7 @@ HD float sf_value_e4m3(u32 code) {                          // float8_e4m3fn byt
   float v = mag == 0x7fu ? u2f(0x7fc00000u) : sf_value(mag, 3, 7);
   return (code & 0x80u) ? -v : v;
 }
-// Stochastic rounding of a >= 0 (already <= maxv) between its two neighbours; maxcode is the largest finite magnitude.
+// Stochastic rounding of a >= 0 between its two neighbours lo <= a < hi: hi with probability (a - lo) / (hi - lo).
 HD u32 sf_code_sr(float a, float u, int mbits, int bias, float maxv, u32 maxcode) {
   if (a > maxv) a = maxv;
   u32 c = sf_code_rne(a, mbits, bias, maxv);
@@ -78,26 +80,14 @@ HD u32 sf_code_sr(float a, float u, int mbits, int bias, float maxv, u32 maxcode
   return u < p ? chi : clo;
 }
 
-// ---------------------------------------------------------------- E2M1
+// ---------------------------------------------------------------- E2M1 = the generic helpers with (1, 1, 6, 7) + sign
+HD u32 sign_bit(float v, int pos) { return (f2u(v) >> (31 - pos)) & (1u << pos); }
 HD float e2m1_value(u32 code) {
-  u32 m = code & 7u;
-  float v = m < 2 ? 0.5f * (float)m : (1.0f + 0.5f * (float)(m & 1u)) * pow2f((int)(m >> 1) - 1);
+  float v = sf_value(code & 7u, 1, 1);
   return (code & 8u) ? -v : v;
 }
-HD u32 e2m1_code_rne(float v) {                             // v in [-6, 6]; ties to the even code
-  float a = u2f(absbits(v));
-  u32 m = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
-  return m | ((f2u(v) >> 28) & 8u);
-}
-HD u32 e2m1_code_sr(float v, float u) {
-  float a = u2f(absbits(v));
-  if (a > 6.0f) a = 6.0f;
-  u32 m = (a >= 0.5f) + (a >= 1.0f) + (a >= 1.5f) + (a >= 2.0f) + (a >= 3.0f) + (a >= 4.0f) + (a >= 6.0f);
-  u32 mh = m < 7 ? m + 1 : 7;
-  float lo = e2m1_value(m), hi = e2m1_value(mh);
-  float p = (a - lo) / (hi - lo);
-  return (u < p ? mh : m) | ((f2u(v) >> 28) & 8u);
-}
+HD u32 e2m1_code_rne(float v) { return sf_code_rne(u2f(absbits(v)), 1, 1, 6.0f) | sign_bit(v, 3); }   // v in [-6, 6]
+HD u32 e2m1_code_sr(float v, float u) { return sf_code_sr(u2f(absbits(v)), u, 1, 1, 6.0f, 7u) | sign_bit(v, 3); }
 
 // ---------------------------------------------------------------- NVFP4 (recipe §NVFP4)
 HD float nv_s_enc(u32 amax_bits) {                          // second-level encode scale from the group amax
@@ -180,10 +170,12 @@ HD u32 mx_elem_code(float x, u32 scale_code, int elem, int sr, float u) {
   float a = u2f(absbits(v));
   u32 m = sr ? sf_code_sr(a, u, mx_mbits(elem), mx_bias(elem), maxv, mx_maxcode(elem))
              : sf_code_rne(a, mx_mbits(elem), mx_bias(elem), maxv);
-  return m | ((f2u(v) >> 24) & 0x80u);
+  return m | sign_bit(v, 7);
 }
 HD float mx_dequant(u32 code, u32 scale_code, int elem) {
   float p = sf_value(code & 0x7fu, mx_mbits(elem), mx_bias(elem));
   if (code & 0x80u) p = -p;
   return p * e8m0_value(scale_code);
 }
+
+#endif  // LOWP_COMMON_CUH

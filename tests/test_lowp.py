@@ -142,3 +142,60 @@ def test_model_runs_with_lowp_precision():
     F.cross_entropy(logits.reshape(-1, 64), ids.reshape(-1)).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters() if p.requires_grad and p.grad is not None)
     assert m.layers[1].ffn.w1.grad.abs().sum() > 0 if hasattr(m, 'layers') else True
+
+
+def _tiny_workspace(tmp_path):
+    import numpy as np, yaml
+    from composer2.model import ModelConfig, Transformer
+    from composer2.train import save_checkpoint
+    torch.manual_seed(0)
+    base = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, max_seq_len=32,
+                                   n_experts=4, d_expert=32, d_dense=64))
+    save_checkpoint(tmp_path / 'base', base)
+    toks = np.random.default_rng(0).integers(0, 64, 4000).astype(np.uint16)
+    for n in ('train', 'val', 'held'): toks.tofile(tmp_path / f'{n}.bin')
+    sec = {'data': str(tmp_path / 'train.bin'), 'val': str(tmp_path / 'val.bin'), 'heldout': str(tmp_path / 'held.bin'),
+           'init': str(tmp_path / 'base'), 'out_dir': str(tmp_path / 'out'), 'final_window': 2,
+           'quant': {'rule': 'rceil', 'sr': True},
+           'train': {'steps': 4, 'batch_size': 4, 'seq_len': 32, 'warmup_steps': 1, 'eval_every': 2, 'eval_windows': 2, 'seed': 3}}
+    return base, sec
+
+
+def test_lowp_stage_end_to_end(tmp_path, monkeypatch):
+    import json, yaml
+    from composer2.config import ConfigError
+    from composer2.lowp import stage
+    from composer2.train import load_model
+    base, sec = _tiny_workspace(tmp_path)
+    (tmp_path / 'params.yaml').write_text(yaml.safe_dump({'lowp': sec}))
+    monkeypatch.chdir(tmp_path)
+    r = stage('params.yaml')
+    m = json.loads((tmp_path / 'reports/metrics/lowp.json').read_text())
+    assert m['arms'].keys() == {'high', 'nvfp4_mxfp8'} and m['steps'] == 4
+    hi, lo = m['arms']['high'], m['arms']['nvfp4_mxfp8']
+    # same start, same batches: the first losses differ only by the NVFP4 forward error
+    assert hi['first_loss'] != lo['first_loss'] and abs(hi['first_loss'] - lo['first_loss']) < 0.02 * hi['first_loss']
+    assert abs(m['gaps']['nvfp4_mxfp8']['rel_final_loss'] - (lo['final_loss'] - hi['final_loss']) / hi['final_loss']) < 1e-12
+    assert [e['step'] for e in lo['eval_curve']] == [2, 4] and lo['heldout_ppl'] > 1 and lo['heldout_ppl_high_fwd'] > 1
+    for arm in ('high', 'nvfp4_mxfp8'):
+        assert (tmp_path / f'reports/live/lowp/{arm}/plots/metrics/train/loss.tsv').exists()
+        mdl, meta = load_model(tmp_path / f'out/{arm}/ckpt')
+        assert mdl.cfg.precision == arm and meta['init'] == sec['init'] and meta['stage'] == f'lowp_{arm}'
+    # reuse of the high arm: accepted for the identical budget (same numbers), refused for any other
+    sec2 = {**sec, 'reuse_high': str(tmp_path / 'out/high/ckpt'), 'arms': ['high'], 'out_dir': str(tmp_path / 'out2')}
+    (tmp_path / 'p2.yaml').write_text(yaml.safe_dump({'lowp': sec2}))
+    r2 = stage('p2.yaml')
+    assert r2['arms']['high']['final_loss'] == hi['final_loss'] and 'reused_from' in r2['arms']['high']
+    (tmp_path / 'p3.yaml').write_text(yaml.safe_dump({'lowp': {**sec2, 'train': {**sec['train'], 'lr': 0.01}}}))
+    with pytest.raises(ConfigError, match='train_config'): stage('p3.yaml')
+
+
+def test_lowp_stage_config_errors(tmp_path):
+    import yaml
+    from composer2.config import ConfigError
+    from composer2.lowp import stage
+    for bad, msg in [({'arms': ['high', 'fp4']}, 'arms'), ({'arms': ['high', 'high']}, 'arms'), ({'final_window': 0}, 'final_window'),
+                     ({'quant': {'rule': 'ceil'}}, 'rule'), ({'context_factor': 2, 'rope_scaling': 'yarn'}, 'context_factor'),
+                     ({'precison': 'x'}, 'unknown key')]:
+        (tmp_path / 'p.yaml').write_text(yaml.safe_dump({'lowp': bad}))
+        with pytest.raises(ConfigError, match=msg): stage(str(tmp_path / 'p.yaml'))

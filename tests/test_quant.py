@@ -341,3 +341,18 @@ def test_rht_leaves_wgrad_unchanged_fp64():
         assert tdy.shape[0] % 16 == 0
         assert torch.allclose(tdy.t() @ tx, dy.t() @ x, atol=1e-12, rtol=0)
         assert not torch.allclose(tdy[:n], dy)
+
+
+@pytest.mark.parametrize('fmt', ['e2m1', 'e4m3', 'e5m2'])
+def test_stochastic_round_arithmetic_equals_table_search(fmt):
+    "The fast neighbour arithmetic picks exactly the neighbours of a search through the format's table of values."
+    g = torch.Generator().manual_seed(7)
+    grid, mx = Q._GRIDS[fmt], Q._SR_FMT[fmt][2]
+    mids = torch.cat([grid, (grid[1:] + grid[:-1]) / 2])
+    v = torch.cat([torch.randn(20000, generator=g) * mx / 4, torch.randn(2000, generator=g) * 1e-4, mids, mids * (1 + 1e-3),
+                   mids * (1 - 1e-3), torch.tensor([0., mx, mx * 2, float('inf'), 1e-45, 1e-40])])
+    v = torch.cat([v, -v])
+    for u in (torch.rand(v.shape, generator=g), torch.zeros(v.shape), torch.full(v.shape, 1 - 2 ** -24)):
+        a, b = Q.stochastic_round(v, fmt, u), Q._stochastic_round_by_table(v, fmt, u)
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert Q.stochastic_round(torch.tensor([float('nan')]), fmt).isnan().all()

@@ -1,0 +1,73 @@
+"""Quantizer throughput against memory copy, measured in the same run, and (on a GPU) the grouped expert GEMM against
+torch bf16 matmul. `python benchmarks/bench_lowp.py [--size MiB]`.
+
+CPU: composer2.quant's reference quantizers (NVFP4 row/tensor/16x16, MXFP8 E4M3/E5M2, with and without stochastic
+rounding) in GB/s of fp32 input read, as a fraction of `dst.copy_(src)` of the same tensor (read + write of the fp32
+input: the bandwidth a fused one-pass quantizer could at best reach). The reference is a chain of torch elementwise
+ops, so expect a small fraction; the CUDA kernels are the fused path.
+GPU (skipped without CUDA + cupy): composer2.kernels quantize GB/s as a fraction of a device-to-device copy (goal
+>= 0.8), and grouped-GEMM TFLOP/s (fp32 SIMT and NVFP4-operand kernels) against one torch bf16 matmul of the same
+total FLOPs."""
+import argparse, sys
+import torch
+sys.path.insert(0, __file__.rsplit('/', 1)[0])
+from _common import best_time
+from composer2 import quant as Q
+
+ap = argparse.ArgumentParser()
+ap.add_argument('--size', type=float, default=16.0, help='fp32 input size in MiB (CPU)')
+ap.add_argument('--threads', type=int, default=2)
+args = ap.parse_args()
+torch.set_num_threads(args.threads); torch.manual_seed(0)
+
+K = 4096
+R = max(1, int(args.size * 2 ** 20 / 4 / K))
+x = torch.randn(R, K)
+nbytes = x.numel() * 4
+dst = torch.empty_like(x)
+t_copy = best_time(lambda: dst.copy_(x), repeat=7)
+copy_gbs = nbytes / t_copy / 1e9
+print(f"CPU, {args.threads} threads, x fp32 [{R}, {K}] ({nbytes / 2 ** 20:.0f} MiB): memcpy (copy_) {copy_gbs:.2f} GB/s")
+cases = {
+    'nvfp4 row (1x16)': lambda: Q.quantize_nvfp4(x, 'row'),
+    'nvfp4 tensor (1x16)': lambda: Q.quantize_nvfp4(x, 'tensor'),
+    'nvfp4 tensor 16x16': lambda: Q.quantize_nvfp4(x, 'tensor', block2d=True),
+    'nvfp4 row + SR': lambda: Q.quantize_nvfp4(x, 'row', sr=True),
+    'mxfp8 e4m3 floor': lambda: Q.quantize_mxfp8(x, 'e4m3', 'floor'),
+    'mxfp8 e5m2 rceil': lambda: Q.quantize_mxfp8(x, 'e5m2', 'rceil'),
+    'mxfp8 e4m3 rceil + SR': lambda: Q.quantize_mxfp8(x, 'e4m3', 'rceil', sr=True),
+    'random Hadamard (16)': lambda: Q.rht(x, -1),
+}
+for name, fn in cases.items():
+    t = best_time(fn, repeat=3)
+    print(f"  {name:24s} {nbytes / t / 1e9:7.3f} GB/s = {t_copy / t:6.3f} x memcpy")
+
+from composer2 import kernels as KN
+if not KN.cuda_available():
+    print("GPU: no CUDA device (or no cupy): kernel benchmarks not run")
+    sys.exit(0)
+
+dev = 'cuda'
+xg = torch.randn(16384, 8192, device=dev)
+nb = xg.numel() * 4
+dg = torch.empty_like(xg)
+t_d2d = best_time(lambda: dg.copy_(xg), repeat=20)
+print(f"GPU {torch.cuda.get_device_name()}: x fp32 [16384, 8192]: device-to-device copy {nb / t_d2d / 1e9:.0f} GB/s")
+for name, fn in {'nvfp4 row': lambda: KN.nvfp4_quantize(xg, 'row'), 'nvfp4 tensor': lambda: KN.nvfp4_quantize(xg, 'tensor'),
+                 'nvfp4 16x16': lambda: KN.nvfp4_quantize(xg, 'tensor', block2d=True),
+                 'mxfp8 e4m3': lambda: KN.mxfp8_quantize(xg, 'e4m3', 'rceil'),
+                 'nvfp4 dequantize': (lambda q: (lambda: KN.nvfp4_dequantize(q)))(KN.nvfp4_quantize(xg, 'row')),
+                 'mxfp8 dequantize': (lambda q: (lambda: KN.mxfp8_dequantize(q)))(KN.mxfp8_quantize(xg))}.items():
+    t = best_time(fn, repeat=20)
+    print(f"  {name:18s} {nb / t / 1e9:8.0f} GB/s of fp32 = {t_d2d / t:5.2f} x D2D copy (goal >= 0.8)")
+E, N, d, h = 16, 16384, 1024, 2048
+xs = torch.randn(N, d, device=dev); w = torch.randn(E, h, d, device=dev) / 32
+counts = [N // E] * E
+flops = 2 * N * d * h
+a16, b16 = torch.randn(N, d, device=dev, dtype=torch.bfloat16), torch.randn(d, h, device=dev, dtype=torch.bfloat16)
+t_bf16 = best_time(lambda: a16 @ b16, repeat=20)
+print(f"grouped GEMM, {E} experts x {N // E} rows, {d} -> {h}: torch bf16 matmul (one GEMM, same FLOPs) {flops / t_bf16 / 1e12:.1f} TFLOP/s")
+for name, fn in {'grouped_gemm fp32 (SIMT)': lambda: KN.grouped_gemm(xs, w, counts),
+                 'nvfp4_grouped_gemm (dequant in tile)': lambda: KN.nvfp4_grouped_gemm(xs, w, counts)}.items():
+    t = best_time(fn, repeat=5)
+    print(f"  {name:38s} {flops / t / 1e12:6.2f} TFLOP/s = {t_bf16 / t:.3f} x bf16 matmul")
