@@ -15,3 +15,27 @@ def tiny_cfg(**kw):
     base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2, d_expert=16, max_seq_len=64)
     base.update(kw)
     return ModelConfig(**base)
+
+# ---- harness (tasks/agents/bench): a toy module with a bug, its hidden test and the gold fix
+TOY_ORIG = 'def sign(x):\n    if x > 0:\n        return 1\n    return -1 if x < 0 else 0\n\ndef double(x):\n    return 2 * x\n'
+TOY_TESTS = ('import unittest, toymod\nclass T(unittest.TestCase):\n'
+             '    def test_sign(self): self.assertEqual(toymod.sign(5), 1)\n'
+             '    def test_double(self): self.assertEqual(toymod.double(2), 4)\n')
+
+def toy_task(**kw):
+    "A one-bug debug task on `toymod` (unvalidated); keyword arguments override the record's fields."
+    from composer2.tasks import Task
+    d = dict(id='toy', category='debug', modules=['toymod'], files={'toymod.py': TOY_ORIG.replace('if x > 0:', 'if not (x > 0):')},
+             prompt='The sign of positive numbers comes out wrong.', solution={'toymod.py': TOY_ORIG},
+             hidden_tests={'test_toy.py': TOY_TESTS}, test_modules=['test_toy'], import_checks={'toymod': 'toymod.py'})
+    d.update(kw); return Task(**d)
+
+@pytest.fixture(scope='session')
+def validated_toy():
+    "The toy task validated in the sandbox (F2P/P2P filled), or skip where no sandbox runs."
+    from composer2.tasks import sandbox_available, validate_task
+    ok, why = sandbox_available()
+    if not ok: pytest.skip(f'sandbox unavailable: {why}')
+    v, rep = validate_task(toy_task(), runs=2)
+    assert rep['ok'], rep
+    return v
