@@ -773,8 +773,8 @@ def gen_debug(src: Source, rng, n_tries: int = 12, kinds=None) -> list[Task]:
                         **src.base(files={src.rel: broken}, metadata={'mutations': [dataclasses.asdict(m)], 'kinds': [m.kind]})))
     return out
 
-def gen_debug_combined(src: Source, singles: list[Task], rng, n: int = 2, k=(2, 3)) -> list[Task]:
-    "Several validated single bugs in different functions combined into one task."
+def gen_debug_combined(src: Source, singles: list[Task], rng, n: int = 2, k=(3, 4)) -> list[Task]:
+    "Several (3-4, fewer where fewer functions have validated bugs) validated single bugs in different functions, combined."
     out = []
     by_func = {}
     for t in singles: by_func.setdefault(t.metadata['mutations'][0]['func'], t)
@@ -801,8 +801,8 @@ def _top_level_funcs(tree):
             out += [(f'{node.name}.{n.name}', n) for n in node.body if isinstance(n, ast.FunctionDef)]
     return out
 
-def gen_feature(src: Source, rng, n: int = 2, k=(1, 2, 3), min_lines: int = 6) -> list[Task]:
-    "Remove the bodies of 1-3 documented functions (signature and docstring kept): implement them again."
+def gen_feature(src: Source, rng, n: int = 2, k=(2, 3, 4), min_lines: int = 8) -> list[Task]:
+    "Remove the bodies of 2-4 documented functions of 8+ lines (signature and docstring kept): implement them again."
     tree = ast.parse(src.text); lines = src.text.splitlines(keepends=True)
     cands = []
     for q, fn in _top_level_funcs(tree):
@@ -940,7 +940,7 @@ def _find_qual(tree, qual):
         if node is None: return None
     return node
 
-def gen_docs(src: Source, rng, n: int = 1, k=(3, 6), min_doc: int = 40) -> list[Task]:
+def gen_docs(src: Source, rng, n: int = 1, k=(4, 8), min_doc: int = 40) -> list[Task]:
     "Strip the docstrings of several public functions/classes: write them again, the code must not change."
     tree = ast.parse(src.text); lines = src.text.splitlines(keepends=True)
     cands = []

@@ -11,16 +11,12 @@ pytestmark = pytest.mark.skipif(T.stdlib_test_dir(required=False) is None,
 SANDBOX, WHY = T.sandbox_available()
 needs_sandbox = pytest.mark.skipif(not SANDBOX, reason=f'sandbox unavailable: {WHY}')
 
-ORIG = 'def sign(x):\n    if x > 0:\n        return 1\n    return -1 if x < 0 else 0\n\ndef double(x):\n    return 2 * x\n'
-TESTS = ('import unittest, toymod\nclass T(unittest.TestCase):\n'
-         '    def test_sign(self): self.assertEqual(toymod.sign(5), 1)\n'
-         '    def test_double(self): self.assertEqual(toymod.double(2), 4)\n')
+from conftest import TOY_ORIG as ORIG, TOY_TESTS as TESTS, toy_task
 
 def toy(**kw):
-    d = dict(id='toy', category='debug', modules=['toymod'], files={'toymod.py': ORIG.replace('x > 0', 'x >= 0').replace('return 1', 'return 2')},
-             prompt='Sign of positive numbers is wrong.', solution={'toymod.py': ORIG}, hidden_tests={'test_toy.py': TESTS},
-             test_modules=['test_toy'], import_checks={'toymod': 'toymod.py'})
-    d.update(kw); return T.Task(**d)
+    "The shared toy task with a two-line bug (`>=` and `return 2`)."
+    return toy_task(**{'files': {'toymod.py': ORIG.replace('x > 0', 'x >= 0').replace('return 1', 'return 2')},
+                       'prompt': 'Sign of positive numbers is wrong.', **kw})
 
 def test_exclusions_structure_and_load(tmp_path):
     exc = T.default_exclusions(['fnmatch'])
