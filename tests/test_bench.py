@@ -96,6 +96,7 @@ def test_bench_stage_oracle_resolves_all_null_none(tmp_path, monkeypatch, valida
     docs = dataclasses.replace(validated_toy, id='toy-docs', category='docs')
     m = run_stage(tmp_path, [validated_toy, docs], monkeypatch)
     assert m['oracle']['resolved'] == 1.0 and m['null']['resolved'] == 0.0 and m['harness_ok']
+    assert m['sandbox']['backend'] in ('overlay', 'copy') and m['sandbox']['hides_original_sources']
     assert m['oracle']['pass@2'] == 1.0 and m['oracle']['changed_lines'] == 2 and m['oracle']['ruff_introduced'] == 0
     # the toy bug is an inverted condition: the scripted agent reverts it where the task is labelled debug, and only there
     assert m['heuristic']['by_category'] == {'debug': 1.0, 'docs': 0.0}
