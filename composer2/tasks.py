@@ -1207,9 +1207,12 @@ def build_set(modules: list[str], counts: dict[str, int], seed: int = 0, backend
         except TaskError as e: raise ConfigError(f"tasks.modules: {e}") from None
     singles = {m: [] for m in modules}; out = []; reports = []; tried = {}
     def accept(cands, kind):
+        # single bugs that only feed combined-bug and tests tasks need one run each way (to show the bug is caught);
+        # every task that enters the set is validated over `runs` runs
+        n = 1 if kind == 'debug_single' else runs
         for c in cands:
             tried[kind] = tried.get(kind, 0) + 1
-            v, rep = validate_task(c, backend, runs=runs, cache=cache, timeout=timeout)
+            v, rep = validate_task(c, backend, runs=n, cache=cache, timeout=timeout)
             reports.append({**rep, 'kind': kind})
             if v is not None: return v
         return None

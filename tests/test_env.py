@@ -221,7 +221,8 @@ def test_infinite_loop_hits_wall_clock_and_cpu_limits(repo):
         r = s.run('while :; do :; done', timeout=1.0)
         assert r.timed_out and r.exit_code == 124 and 'wall-clock' in r.reason and r.duration < 3, r
         r = s.run('python -c "while True: pass"', timeout=15)
-        assert not r.timed_out and r.exit_code == 128 + 24 and 'CPU' in r.reason and r.duration < 6, r
+        # SIGXCPU before the 15 s wall clock (the wall time of 1 CPU-second depends on how busy the host is)
+        assert not r.timed_out and r.exit_code == 128 + 24 and 'CPU' in r.reason, r
         assert wait_no_procs(UID) == []
         assert s.run('echo ok').ok
 
