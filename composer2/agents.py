@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Callable, Protocol
 
 from .chat import Message, ToolCall, render, parse_assistant
-from .tasks import (Task, TaskEnv, grade_env, tree_files, unified_diff, changed_lines, sandbox_available, HIDDEN)
+from .tasks import (Task, TaskEnv, task_env, grade_env, tree_files, unified_diff, changed_lines, sandbox_available, HIDDEN)
 
 # %% auto #0
 __all__ = ['SYSTEM', 'AGENTS', 'TaskView', 'Agent', 'call', 'NullAgent', 'OracleAgent', 'ModelAgent', 'ruff_bin',
@@ -121,7 +121,7 @@ def run_episode(task: Task, agent, max_turns: int = 30, limits=None, backend: st
     "Run `agent` on `task` in a fresh sandbox, then grade it with the hidden tests."
     from composer2.tools import Toolbox
     t0 = time.time()
-    env = TaskEnv(task.files, backend, limits)
+    env = task_env(task, backend=backend, limits=limits)   # hides the originals of the task's stdlib modules
     try:
         tb = Toolbox(env.sb, **(toolbox_kw or {}))
         tools = '\n'.join(json.dumps(s) for s in tb.schemas())

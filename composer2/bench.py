@@ -94,6 +94,12 @@ class BenchConfig:
         bad = [a for a in self.agents if a not in AGENTS]
         check(not bad, f"bench.agents: unknown {bad}; agents: {', '.join(AGENTS)}")
 
+def _sandbox_info() -> dict:
+    "Which snapshot backend the episodes' sandboxes used (overlayfs layers, or the copy fallback) and what they hide."
+    from composer2.env import overlay_available, SANDBOX_UID
+    return {'backend': os.environ.get('COMPOSER2_SANDBOX_BACKEND') or ('overlay' if overlay_available() else 'copy'),
+            'uid': SANDBOX_UID, 'hides_original_sources': True}
+
 def stage(params: str = 'params.yaml') -> dict:
     "Run the harness-validating agents (oracle, null, heuristic) on the frozen set; write per-task and overall figures."
     t0 = time.time()
@@ -121,7 +127,7 @@ def stage(params: str = 'params.yaml') -> dict:
     metrics = {'name': cfg.name, 'version': cfg.version, 'sha256': man['sha256'], **res,
                'set': {**st, 'recipe_median_prompt_chars': 390, 'recipe_median_changed_lines': 181,
                        'changed_lines_ratio_to_recipe': round(st['median_gold_changed_lines'] / 181, 3)},
-               'contamination': contam, 'seconds': round(time.time() - t0, 1)}
+               'contamination': contam, 'sandbox': _sandbox_info(), 'seconds': round(time.time() - t0, 1)}
     harness_ok = ('oracle' not in res or res['oracle']['resolved'] == 1.0) and ('null' not in res or res['null']['resolved'] == 0.0)
     metrics['harness_ok'] = harness_ok
     write_json(root / 'reports' / 'metrics' / 'bench.json', metrics)

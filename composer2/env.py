@@ -17,8 +17,8 @@ from .config import ConfigError, check
 # %% auto #0
 __all__ = ['INNER_ROOT', 'DIFF_EXCLUDE', 'SANDBOX_UID', 'LOWER_CACHE', 'SandboxError', 'SandboxDied', 'WorkspacePathError',
            'Limits', 'RunResult', 'truncate_middle', 'confine', 'tree_hash', 'tree_diff', 'diff_stats', 'base_dir',
-           'overlay_available', 'sandbox_support', 'bwrap_available', 'Snapshot', 'cleanup_stale', 'Sandbox', 'Failure',
-           'EpisodeResult', 'Episode', 'SandboxPool']
+           'overlay_available', 'visible_roots', 'sandbox_support', 'bwrap_available', 'Snapshot', 'cleanup_stale',
+           'Sandbox', 'Failure', 'EpisodeResult', 'Episode', 'SandboxPool']
 
 # %% ../nbs/30_env.ipynb #c006
 class SandboxError(RuntimeError):
@@ -272,9 +272,9 @@ def overlay_available() -> bool:
         _support['overlay'] = ok
     return _support['overlay']
 
-def _system_binds() -> list[str]:
+def _system_binds(roots: list | None = None) -> list[str]:
     "bwrap arguments for the read-only system: /usr, /etc, top-level links, the interpreter and its virtualenv."
-    args, made = [], {'/'}
+    args, made, bound = [], {'/'}, []
     def parents(p: str):
         out = []
         for anc in reversed(Path(p).parents):
@@ -283,24 +283,54 @@ def _system_binds() -> list[str]:
         return out
     for top in ['/usr', '/etc', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32']:
         if os.path.islink(top): args += ['--symlink', os.readlink(top), top]
-        elif os.path.isdir(top): args += ['--ro-bind', top, top]; made.add(top)
+        elif os.path.isdir(top): args += ['--ro-bind', top, top]; made.add(top); bound.append(top)
     extra = []
     for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}:
         p = os.path.realpath(p)
         if not any(p == d or p.startswith(d + '/') for d in made) and os.path.isdir(p): extra.append(p)
     for p in sorted(set(extra)):
         if any(p.startswith(q + '/') for q in extra if q != p): continue
-        args += parents(p) + ['--ro-bind', p, p]; made.add(p)
+        args += parents(p) + ['--ro-bind', p, p]; made.add(p); bound.append(p)
+    if roots is not None: roots += bound   # the host folders the sandbox sees (read-only)
     return args
 
-def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool) -> list[str]:
+_HIDDEN_PY = ('raise ImportError("this file is hidden inside the sandbox (a benchmark task is built from it); '
+              'the project\'s own copy under /workspace is the one to import and edit")\n')
+
+def _mask_sources() -> tuple[str, str]:
+    "(empty file, stub module) on the host, bound over hidden files inside the sandbox."
+    d = base_dir() / 'masks'; d.mkdir(exist_ok=True); os.chmod(d, 0o755)
+    out = []
+    for name, text in (('empty', ''), ('hidden.py', _HIDDEN_PY)):
+        p = d / name
+        if not p.exists() or p.read_text() != text:
+            tmp = d / f".{name}.{os.getpid()}"; tmp.write_text(text); os.chmod(tmp, 0o444); os.replace(tmp, p)
+        out.append(str(p))
+    return out[0], out[1]
+
+def visible_roots() -> list[str]:
+    "The host folders a sandbox can read (bound read-only at the same path)."
+    roots: list = []; _system_binds(roots); return roots
+
+def _mask_args(hide) -> list[str]:
+    "bwrap arguments covering each hidden host path the sandbox would see: folders by empty ones, `.py` files by a stub raising ImportError, other files by an empty file."
+    if not hide: return []
+    roots = visible_roots()
+    empty, stub = _mask_sources(); a = []
+    for p in sorted({os.path.realpath(os.fspath(x)) for x in hide}):
+        if not os.path.exists(p) or not any(p.startswith(r + '/') for r in roots): continue
+        if os.path.isdir(p): a += ['--perms', '0555', '--tmpfs', p]
+        else: a += ['--ro-bind', stub if p.endswith('.py') else empty, p]
+    return a
+
+def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool, hide=()) -> list[str]:
     "The full argv: bwrap (namespaces, mounts) -> setpriv (uid) -> unshare (user ns) -> prlimit -> sh -c."
     root = _is_root()
     a = ['bwrap', '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
          '--die-with-parent', '--new-session', '--hostname', 'sandbox']
     if root: a += ['--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID']
     else: a += ['--unshare-user', '--uid', str(os.getuid()), '--gid', str(os.getgid())]
-    a += _system_binds()
+    a += _system_binds() + _mask_args(hide)
     a += ['--proc', '/proc', '--dev', '/dev', '--perms', '1777', '--size', str(lim.tmp_mb << 20), '--tmpfs', '/tmp',
           '--perms', '1777', '--size', str(min(lim.tmp_mb, 64) << 20), '--tmpfs', '/dev/shm']
     if workspace is not None: a += ['--bind', str(workspace), INNER_ROOT]
@@ -439,6 +469,7 @@ class Snapshot:
     base: Path | None = None
     meta: Any = None
     created: float = field(default_factory=time.time)
+    hide: tuple = ()     # host paths the sandbox it came from hid (a sandbox made from it hides them too)
     def __post_init__(self):
         self._fin = weakref.finalize(self, Snapshot._drop, self.path.parent, self.lower)
     @staticmethod
@@ -491,7 +522,7 @@ _SIGNALS = {9: 'SIGKILL (a memory, CPU or process limit, or a kill)', 24: 'SIGXC
 class Sandbox:
     "A writable workspace over a read-only copy of `repo_dir`, where `run` executes commands under bubblewrap."
     def __init__(self, repo_dir, limits: Limits | None = None, backend: str = 'auto', uid: int = SANDBOX_UID,
-                 env: dict | None = None, _lower: '_Lower | None' = None, _upper_from: Path | None = None):
+                 env: dict | None = None, hide: Iterable = (), _lower: '_Lower | None' = None, _upper_from: Path | None = None):
         ok, why = sandbox_support()
         if not ok: raise SandboxError(f"cannot sandbox commands here: {why}")
         if not _cleaned: _cleaned.append(cleanup_stale())
@@ -504,6 +535,8 @@ class Sandbox:
         if backend == 'overlay' and not overlay_available(): raise SandboxError('overlay backend requested but overlayfs cannot be mounted here')
         self.backend, self.uid = backend, (uid if _is_root() else os.getuid())
         self.extra_env = dict(env or {})
+        if isinstance(hide, (str, os.PathLike)): raise SandboxError(f"hide must be a list of paths, got the single path {hide!r}")
+        self.hide = tuple(os.fspath(h) for h in hide)
         self._lock, self._killed, self._died = threading.RLock(), False, None
         self.last_snapshot: Snapshot | None = None
         self.resumed_from: Snapshot | None = None
@@ -566,7 +599,7 @@ class Sandbox:
             if not host_cwd.is_dir(): raise WorkspacePathError(f"working directory {cwd!r} is not a directory in the workspace")
             inner_cwd = INNER_ROOT + ('/' + os.path.relpath(host_cwd, self.workspace) if host_cwd != self.workspace else '')
             e = {**_base_env(), **self.extra_env, **(env or {})}
-            argv = _chain(self.uid, lim, self.workspace, inner_cwd, e, cmd, _support.get('userns', False))
+            argv = _chain(self.uid, lim, self.workspace, inner_cwd, e, cmd, _support.get('userns', False), self.hide)
             t0 = time.monotonic(); flood = []
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  start_new_session=True, close_fds=True)
@@ -676,9 +709,9 @@ class Sandbox:
             try:
                 if self.backend == 'overlay':
                     _cp(self._st.root / 'upper', d / 'tree'); self._st.lower.incref()
-                    snap = Snapshot(d.name, d / 'tree', 'overlay', self._st.lower, self.base, meta)
+                    snap = Snapshot(d.name, d / 'tree', 'overlay', self._st.lower, self.base, meta, hide=self.hide)
                 else:
-                    _cp(self.workspace, d / 'tree'); snap = Snapshot(d.name, d / 'tree', 'copy', None, self.repo_dir, meta)
+                    _cp(self.workspace, d / 'tree'); snap = Snapshot(d.name, d / 'tree', 'copy', None, self.repo_dir, meta, hide=self.hide)
             except BaseException: _rmtree(d); raise
             self.last_snapshot = snap
             return snap
@@ -703,13 +736,14 @@ class Sandbox:
         with self._lock:
             self._check_alive()
             if self.backend == 'overlay':
-                child = Sandbox(self.repo_dir, self.limits, 'overlay', self.uid, self.extra_env, _lower=self._st.lower,
+                child = Sandbox(self.repo_dir, self.limits, 'overlay', self.uid, self.extra_env, self.hide, _lower=self._st.lower,
                                 _upper_from=self._st.root / 'upper')
-            else: child = Sandbox(self.repo_dir, self.limits, 'copy', self.uid, self.extra_env, _upper_from=self.workspace)
+            else: child = Sandbox(self.repo_dir, self.limits, 'copy', self.uid, self.extra_env, self.hide, _upper_from=self.workspace)
             return child
     @classmethod
     def from_snapshot(cls, snap: Snapshot, limits: Limits | None = None, **kw) -> 'Sandbox':
-        "A new sandbox whose workspace is `snap`."
+        "A new sandbox whose workspace is `snap` (hiding what the snapshot's sandbox hid, unless `hide` is given)."
+        kw.setdefault('hide', snap.hide)
         if snap.backend == 'overlay': return cls(snap.lower.repo, limits, 'overlay', _lower=snap.lower, _upper_from=snap.path, **kw)
         return cls(snap.base, limits, 'copy', _upper_from=snap.path, **kw)
 

@@ -18,10 +18,11 @@ __all__ = ['DEFAULT_RESERVED', 'CATEGORIES', 'HIDDEN', 'RUNNER', 'PYFLAGS', 'SKI
            'sha256_text', 'module_files', 'module_test_files', 'default_exclusions', 'load_exclusions', 'verify_sha256',
            'fetch_sdist', 'Task', 'unified_diff', 'changed_lines', 'save_tasks', 'load_tasks', 'TestRun', 'runner_argv',
            'runner_command', 'run_hidden', 'LocalResult', 'LocalWorkspace', 'sandbox_available', 'write_tree',
-           'TaskEnv', 'tree_files', 'run_state', 'grade_env', 'Grade', 'grade_run', 'validate_task', 'Mutation',
-           'apply_edits', 'find_mutations', 'check_mutation', 'mutate', 'scrub', 'area', 'debug_prompt', 'Source',
-           'gen_debug', 'gen_debug_combined', 'gen_feature', 'gen_refactor', 'gen_docs', 'gen_tests', 'gen_devops',
-           'check_contamination', 'SetStats', 'set_stats', 'build_set', 'SdistPin', 'TasksConfig', 'stage']
+           'stdlib_dirs', 'hidden_paths', 'stdlib_modules_in', 'TaskEnv', 'tree_files', 'task_env', 'run_state',
+           'grade_env', 'Grade', 'grade_run', 'validate_task', 'Mutation', 'apply_edits', 'find_mutations',
+           'check_mutation', 'mutate', 'scrub', 'area', 'debug_prompt', 'Source', 'gen_debug', 'gen_debug_combined',
+           'gen_feature', 'gen_refactor', 'gen_docs', 'gen_tests', 'gen_devops', 'check_contamination', 'scan_corpus',
+           'SetStats', 'set_stats', 'build_set', 'SdistPin', 'TasksConfig', 'stage']
 
 # %% ../nbs/32_tasks.ipynb #c004
 DEFAULT_RESERVED = ['textwrap', 'colorsys', 'fnmatch', 'shlex', 'graphlib', 'fractions', 'difflib', 'calendar',
@@ -312,11 +313,11 @@ class LocalWorkspace:
         self._tmp = Path(tempfile.mkdtemp(prefix='c2ws-'))
         self.workspace = self._tmp / 'ws'
         shutil.copytree(repo_dir, self.workspace, symlinks=True)
+        self.limits = limits or types.SimpleNamespace(wall_s=60)
     def _path(self, rel):
         p = (self.workspace / rel).resolve()
         if not p.is_relative_to(self.workspace.resolve()): raise TaskError(f"path {rel!r} leaves the workspace")
         return p
-        self.limits = limits or types.SimpleNamespace(wall_s=60)
     path = lambda self, rel: self._path(rel)
     def run(self, cmd, timeout=None, cwd='.', env=None):
         t0 = time.time(); timeout = timeout or self.limits.wall_s
@@ -351,17 +352,53 @@ def write_tree(files: dict[str, str], dest) -> Path:
         if rel.endswith('.sh'): p.chmod(0o755)
     return dest
 
+_STDLIB_DIRS: list = []
+_PRUNE = {'site-packages', 'dist-packages', '__pycache__', 'node_modules', '.git', 'include', 'share', 'man', 'src'}
+
+def stdlib_dirs() -> list[Path]:
+    "Every standard-library folder a sandbox can read (a folder holding `os.py` and `abc.py`), found once per process."
+    if not _STDLIB_DIRS:
+        from composer2.env import visible_roots
+        found = {Path(sysconfig.get_paths()['stdlib']).resolve()}
+        for r in visible_roots():
+            for dp, dns, fns in os.walk(r):
+                if 'os.py' in fns and 'abc.py' in fns: found.add(Path(dp).resolve()); dns[:] = []; continue
+                dns[:] = [d for d in dns if d not in _PRUNE]
+        _STDLIB_DIRS.extend(sorted(found))
+    return list(_STDLIB_DIRS)
+
+def hidden_paths(modules) -> list[str]:
+    "Host paths a task's sandbox must hide: each module's original source, package, bytecode and stdlib tests, in every stdlib folder."
+    out = []
+    for d in stdlib_dirs():
+        for m in modules:
+            if not re.fullmatch(r'[A-Za-z_]\w*', m): raise TaskError(f"module name {m!r} is not a valid identifier")
+            for p in [d / f'{m}.py', d / m, d / 'test' / f'test_{m}.py', d / 'test' / f'test_{m}'] + \
+                     list((d / '__pycache__').glob(f'{m}.*.pyc')) + list((d / 'test' / '__pycache__').glob(f'test_{m}.*.pyc')):
+                if p.exists(): out.append(str(p))
+    return out
+
+def stdlib_modules_in(files) -> list[str]:
+    "Top-level `X.py` files of a repo that are also standard-library modules: the originals a sandbox must hide."
+    names = [Path(f).stem for f in files if '/' not in f and f.endswith('.py')]
+    return sorted(m for m in names if any((d / f'{m}.py').exists() for d in stdlib_dirs()))
+
 class TaskEnv:
     "A workspace holding a repo snapshot: a `Sandbox` (default) or a `LocalWorkspace`; forwards the sandbox API."
-    def __init__(self, files: dict[str, str], backend: str = 'sandbox', limits=None):
+    def __init__(self, files: dict[str, str], backend: str = 'sandbox', limits=None, hide: list | None = None):
         self._tmp = Path(tempfile.mkdtemp(prefix='c2task-'))
         repo = write_tree(files, self._tmp / 'repo')
-        self.backend = backend
+        self.backend, self.hidden = backend, []
         if backend == 'sandbox':
             ok, why = sandbox_available()
             if not ok: shutil.rmtree(self._tmp, ignore_errors=True); raise TaskError(f"sandbox backend unavailable: {why}")
-            from composer2.env import Sandbox, Limits
-            self.sb = Sandbox(repo, limits=limits if limits is not None else Limits())
+            from composer2.env import Sandbox, Limits, INNER_ROOT
+            # The originals of the repo's stdlib modules (and their stdlib tests, the hidden tests) are hidden; the
+            # workspace is on PYTHONPATH so its copies are what the interpreter imports from any folder.
+            self.hidden = hidden_paths(stdlib_modules_in(files)) if hide is None else list(hide)
+            try: self.sb = Sandbox(repo, limits=limits if limits is not None else Limits(), hide=self.hidden,
+                                   env={'PYTHONPATH': INNER_ROOT} if self.hidden else None)
+            except BaseException: shutil.rmtree(self._tmp, ignore_errors=True); raise
         elif backend == 'local': self.sb = LocalWorkspace(repo)
         else: raise TaskError(f"unknown backend {backend!r}: 'sandbox' or 'local'")
     def __getattr__(self, k):
@@ -385,9 +422,14 @@ def tree_files(root, max_bytes: int = 2_000_000) -> dict[str, str]:
         except (UnicodeDecodeError, OSError): continue
     return out
 
+def task_env(task: Task, files: dict[str, str] | None = None, backend: str = 'sandbox', limits=None) -> TaskEnv:
+    "A `TaskEnv` on `files` (default: the task's starting repo) hiding the originals of the task's modules."
+    files = task.files if files is None else files
+    return TaskEnv(files, backend, limits, hide=hidden_paths(sorted(set(task.modules) | set(stdlib_modules_in(files)))))
+
 def run_state(files: dict[str, str], task: Task, backend='sandbox', limits=None, timeout=120) -> TestRun:
     "Run the hidden tests of `task` on the repo `files` in a fresh workspace."
-    with TaskEnv(files, backend, limits) as env:
+    with task_env(task, files, backend, limits) as env:
         return run_hidden(env, task, timeout=timeout)
 
 def grade_env(task: Task, env, timeout: float = 120) -> 'Grade':
@@ -731,8 +773,8 @@ def gen_debug(src: Source, rng, n_tries: int = 12, kinds=None) -> list[Task]:
                         **src.base(files={src.rel: broken}, metadata={'mutations': [dataclasses.asdict(m)], 'kinds': [m.kind]})))
     return out
 
-def gen_debug_combined(src: Source, singles: list[Task], rng, n: int = 2, k=(2, 3)) -> list[Task]:
-    "Several validated single bugs in different functions combined into one task."
+def gen_debug_combined(src: Source, singles: list[Task], rng, n: int = 2, k=(3, 4)) -> list[Task]:
+    "Several (3-4, fewer where fewer functions have validated bugs) validated single bugs in different functions, combined."
     out = []
     by_func = {}
     for t in singles: by_func.setdefault(t.metadata['mutations'][0]['func'], t)
@@ -759,8 +801,8 @@ def _top_level_funcs(tree):
             out += [(f'{node.name}.{n.name}', n) for n in node.body if isinstance(n, ast.FunctionDef)]
     return out
 
-def gen_feature(src: Source, rng, n: int = 2, k=(1, 2, 3), min_lines: int = 6) -> list[Task]:
-    "Remove the bodies of 1-3 documented functions (signature and docstring kept): implement them again."
+def gen_feature(src: Source, rng, n: int = 2, k=(2, 3, 4), min_lines: int = 8) -> list[Task]:
+    "Remove the bodies of 2-4 documented functions of 8+ lines (signature and docstring kept): implement them again."
     tree = ast.parse(src.text); lines = src.text.splitlines(keepends=True)
     cands = []
     for q, fn in _top_level_funcs(tree):
@@ -898,7 +940,7 @@ def _find_qual(tree, qual):
         if node is None: return None
     return node
 
-def gen_docs(src: Source, rng, n: int = 1, k=(3, 6), min_doc: int = 40) -> list[Task]:
+def gen_docs(src: Source, rng, n: int = 1, k=(4, 8), min_doc: int = 40) -> list[Task]:
     "Strip the docstrings of several public functions/classes: write them again, the code must not change."
     tree = ast.parse(src.text); lines = src.text.splitlines(keepends=True)
     cands = []
@@ -1112,6 +1154,28 @@ def check_contamination(tasks: list[Task], exclusions: dict) -> dict:
     if bad: raise TaskError(f"contamination check failed for {len(bad)} file(s): " + '; '.join(bad[:10]))
     return {'ok': True, 'n_tasks': len(tasks), 'files_on_list': n_listed, 'files_test_dir_policy': n_policy}
 
+def scan_corpus(tasks: list[Task], corpus_dir) -> dict:
+    "Check the built corpus itself: no document of any split may equal a task's source, gold file or hidden test."
+    corpus_dir = Path(corpus_dir)
+    files = sorted(corpus_dir.glob('*.jsonl'))
+    if not files: return {'ran': False, 'why': f'no corpus (*.jsonl) in {corpus_dir}'}
+    want = {}
+    for t in tasks:
+        texts = list(t.source_sha256.values()) + [sha256_text(v) for v in list(t.solution.values()) + list(t.hidden_tests.values()) if v]
+        for h in texts: want.setdefault(h, t.id)
+    n, hits = 0, []
+    for f in files:
+        with open(f) as fh:
+            for i, line in enumerate(fh):
+                if not line.strip(): continue
+                try: d = json.loads(line)
+                except json.JSONDecodeError as e: raise TaskError(f"{f}:{i + 1}: not valid JSON: {e}") from None
+                n += 1
+                h = sha256_text(d.get('text', ''))
+                if h in want: hits.append(f"{f.name}:{i + 1} ({d.get('path')}) is a file of task {want[h]}")
+    if hits: raise TaskError(f"the corpus contains benchmark files ({len(hits)}): " + '; '.join(hits[:10]))
+    return {'ran': True, 'docs_scanned': n, 'splits': [f.stem for f in files], 'task_texts': len(want), 'hits': 0}
+
 # %% ../nbs/32_tasks.ipynb #c035
 @dataclass
 class SetStats:
@@ -1143,9 +1207,12 @@ def build_set(modules: list[str], counts: dict[str, int], seed: int = 0, backend
         except TaskError as e: raise ConfigError(f"tasks.modules: {e}") from None
     singles = {m: [] for m in modules}; out = []; reports = []; tried = {}
     def accept(cands, kind):
+        # single bugs that only feed combined-bug and tests tasks need one run each way (to show the bug is caught);
+        # every task that enters the set is validated over `runs` runs
+        n = 1 if kind == 'debug_single' else runs
         for c in cands:
             tried[kind] = tried.get(kind, 0) + 1
-            v, rep = validate_task(c, backend, runs=runs, cache=cache, timeout=timeout)
+            v, rep = validate_task(c, backend, runs=n, cache=cache, timeout=timeout)
             reports.append({**rep, 'kind': kind})
             if v is not None: return v
         return None
@@ -1246,6 +1313,7 @@ def stage(params: str = 'params.yaml') -> dict:
     bench, info = build_set(cfg.modules, cfg.counts, cfg.seed, cfg.backend, cfg.runs, cfg.timeout_s, log=log)
     for t in bench: t.id = f"{cfg.bench_name.lower()}-{cfg.version}/{t.id}"
     contam = check_contamination(bench, exc)
+    contam['corpus_scan'] = scan_corpus(bench, (root / cfg.exclusions).parent)
     bench_file = out_dir / f'{cfg.bench_name}-{cfg.version}.jsonl'
     sha = save_tasks(bench, bench_file)
     train, tinfo = [], {}

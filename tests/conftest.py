@@ -31,3 +31,26 @@ def cycle_stream(n=20000, period=7, vocab=64, noise=0.0, seed=0):
     flip = rng.random(n) < noise
     s[flip] = rng.integers(0, vocab, int(flip.sum()))
     return s.astype(np.uint16)
+# ---- harness (tasks/agents/bench): a toy module with a bug, its hidden test and the gold fix
+TOY_ORIG = 'def sign(x):\n    if x > 0:\n        return 1\n    return -1 if x < 0 else 0\n\ndef double(x):\n    return 2 * x\n'
+TOY_TESTS = ('import unittest, toymod\nclass T(unittest.TestCase):\n'
+             '    def test_sign(self): self.assertEqual(toymod.sign(5), 1)\n'
+             '    def test_double(self): self.assertEqual(toymod.double(2), 4)\n')
+
+def toy_task(**kw):
+    "A one-bug debug task on `toymod` (unvalidated); keyword arguments override the record's fields."
+    from composer2.tasks import Task
+    d = dict(id='toy', category='debug', modules=['toymod'], files={'toymod.py': TOY_ORIG.replace('if x > 0:', 'if not (x > 0):')},
+             prompt='The sign of positive numbers comes out wrong.', solution={'toymod.py': TOY_ORIG},
+             hidden_tests={'test_toy.py': TOY_TESTS}, test_modules=['test_toy'], import_checks={'toymod': 'toymod.py'})
+    d.update(kw); return Task(**d)
+
+@pytest.fixture(scope='session')
+def validated_toy():
+    "The toy task validated in the sandbox (F2P/P2P filled), or skip where no sandbox runs."
+    from composer2.tasks import sandbox_available, validate_task
+    ok, why = sandbox_available()
+    if not ok: pytest.skip(f'sandbox unavailable: {why}')
+    v, rep = validate_task(toy_task(), runs=2)
+    assert rep['ok'], rep
+    return v

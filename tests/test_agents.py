@@ -5,22 +5,14 @@ from composer2 import tasks as T
 from composer2.agents import (NullAgent, OracleAgent, HeuristicAgent, ModelAgent, run_episode, call, ruff_introduced, make_agent)
 from composer2.chat import Message, parse_assistant
 
+from conftest import toy_task
+
 SANDBOX, WHY = T.sandbox_available()
 needs_sandbox = pytest.mark.skipif(not SANDBOX, reason=f'sandbox unavailable: {WHY}')
 
-ORIG = 'def sign(x):\n    if x > 0:\n        return 1\n    return -1 if x < 0 else 0\n\ndef double(x):\n    return 2 * x\n'
-TESTS = ('import unittest, toymod\nclass T(unittest.TestCase):\n'
-         '    def test_sign(self): self.assertEqual(toymod.sign(5), 1)\n'
-         '    def test_double(self): self.assertEqual(toymod.double(2), 4)\n')
-
 @pytest.fixture(scope='module')
-def task():
-    t = T.Task(id='toy', category='debug', modules=['toymod'], files={'toymod.py': ORIG.replace('if x > 0:', 'if not (x > 0):')},
-               prompt='The sign of positive numbers comes out wrong.', solution={'toymod.py': ORIG},
-               hidden_tests={'test_toy.py': TESTS}, test_modules=['test_toy'], import_checks={'toymod': 'toymod.py'})
-    if not SANDBOX: return t
-    v, rep = T.validate_task(t, runs=2); assert rep['ok'], rep
-    return v
+def task(validated_toy):
+    return validated_toy
 
 def test_model_agent_renders_the_conversation():
     seen = []

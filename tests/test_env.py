@@ -221,7 +221,8 @@ def test_infinite_loop_hits_wall_clock_and_cpu_limits(repo):
         r = s.run('while :; do :; done', timeout=1.0)
         assert r.timed_out and r.exit_code == 124 and 'wall-clock' in r.reason and r.duration < 3, r
         r = s.run('python -c "while True: pass"', timeout=15)
-        assert not r.timed_out and r.exit_code == 128 + 24 and 'CPU' in r.reason and r.duration < 6, r
+        # SIGXCPU before the 15 s wall clock (the wall time of 1 CPU-second depends on how busy the host is)
+        assert not r.timed_out and r.exit_code == 128 + 24 and 'CPU' in r.reason, r
         assert wait_no_procs(UID) == []
         assert s.run('echo ok').ok
 
@@ -437,3 +438,18 @@ def test_no_stale_layers_left_behind():
     time.sleep(0.2)
     mine = [d.name for d in base_dir().iterdir() if d.name.split('-')[1:2] == [str(os.getpid())]]
     assert mine == [], mine
+
+@needs_bwrap
+def test_hidden_host_paths_stay_hidden_in_forks_and_restored_sandboxes(repo, tmp_path):
+    # hidden paths must be ones the sandbox can see: a folder and files inside the interpreter's prefix
+    lib = Path(os.__file__).parent
+    f, d, other = lib / 'colorsys.py', lib / 'json', lib / 'glob.py'
+    with pytest.raises(SandboxError, match='list of paths'): Sandbox(repo, hide=str(f))
+    with Sandbox(repo, hide=[f, d, tmp_path / 'missing.py']) as s:
+        cmd = f"head -c 40 {f}; echo; ls {d} | wc -l; cat {d}/__init__.py 2>&1 | head -1; head -c 20 {other}; echo; touch {d}/x 2>&1 | tail -1"
+        for box in [s, s.fork(), Sandbox.from_snapshot(s.snapshot())]:
+            out = box.run(cmd).stdout.splitlines()
+            assert out[0].startswith('raise ImportError(') and out[1] == '0' and 'No such file' in out[2], out
+            assert out[3] and not out[3].startswith('raise') and ('Permission denied' in out[4] or 'Read-only' in out[4]), out
+            if box is not s: box.close()
+    assert f.read_text().startswith('"""Conversion functions') and (d / '__init__.py').exists()   # the host is untouched

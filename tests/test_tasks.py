@@ -11,16 +11,12 @@ pytestmark = pytest.mark.skipif(T.stdlib_test_dir(required=False) is None,
 SANDBOX, WHY = T.sandbox_available()
 needs_sandbox = pytest.mark.skipif(not SANDBOX, reason=f'sandbox unavailable: {WHY}')
 
-ORIG = 'def sign(x):\n    if x > 0:\n        return 1\n    return -1 if x < 0 else 0\n\ndef double(x):\n    return 2 * x\n'
-TESTS = ('import unittest, toymod\nclass T(unittest.TestCase):\n'
-         '    def test_sign(self): self.assertEqual(toymod.sign(5), 1)\n'
-         '    def test_double(self): self.assertEqual(toymod.double(2), 4)\n')
+from conftest import TOY_ORIG as ORIG, TOY_TESTS as TESTS, toy_task
 
 def toy(**kw):
-    d = dict(id='toy', category='debug', modules=['toymod'], files={'toymod.py': ORIG.replace('x > 0', 'x >= 0').replace('return 1', 'return 2')},
-             prompt='Sign of positive numbers is wrong.', solution={'toymod.py': ORIG}, hidden_tests={'test_toy.py': TESTS},
-             test_modules=['test_toy'], import_checks={'toymod': 'toymod.py'})
-    d.update(kw); return T.Task(**d)
+    "The shared toy task with a two-line bug (`>=` and `return 2`)."
+    return toy_task(**{'files': {'toymod.py': ORIG.replace('x > 0', 'x >= 0').replace('return 1', 'return 2')},
+                       'prompt': 'Sign of positive numbers is wrong.', **kw})
 
 def test_exclusions_structure_and_load(tmp_path):
     exc = T.default_exclusions(['fnmatch'])
@@ -128,3 +124,44 @@ def test_graded_run_imports_workspace_copy_of_startup_modules():
         r = T.run_state(t.files, t)
         assert r.imports[mod]['ok'] and r.imports[mod]['file'].endswith(f'/{mod}.py') and not r.imports[mod]['file'].startswith(str(T.stdlib_dir()))
         assert sum(s == 'pass' for s in r.results.values()) > 10
+
+SCAN = r'''
+import hashlib, os, re, sys
+sizes = {int(s): h for s, h in (x.split(':') for x in sys.argv[1].split(','))}
+names = set(sys.argv[2].split(','))
+hits = []
+for top in ['/usr', '/etc', '/opt', '/root', '/work', '/home', '/srv', '/var', '/tmp']:
+    for dp, dns, fns in os.walk(top):
+        for n in fns:
+            p = os.path.join(dp, n)
+            try:
+                if os.path.islink(p) or not os.path.isfile(p): continue
+                size = os.path.getsize(p)
+                if size in sizes and hashlib.sha256(open(p, 'rb').read()).hexdigest() == sizes[size]: hits.append('copy ' + p)
+                stem = n.split('.')[0]
+                in_stdlib = re.search(r'/python[0-9.]+/(test/)?(__pycache__/)?[^/]+$', p)
+                if stem in names and in_stdlib and size > 0 and not open(p, 'rb').read(18).startswith(b'raise ImportError'): hits.append('named ' + p)
+            except OSError: pass
+print('HITS', hits)
+'''
+
+@pytest.mark.slow
+@needs_sandbox
+def test_task_sandbox_hides_the_original_source_and_its_stdlib_tests():
+    # A textwrap debug task: the original textwrap.py (the gold answer) and test_textwrap.py (the hidden test) must not
+    # be readable anywhere in the sandbox, by name or by content; the workspace copy is what `import` finds.
+    src = T.Source.load('textwrap')
+    broken = src.text.replace('def wrap(text', 'def wrap_renamed(text')
+    t = T.Task(id='leak', category='debug', prompt='p', solution={src.rel: src.text}, **src.base(files={src.rel: broken}))
+    texts = [(T.stdlib_dir() / src.rel).read_bytes(), (T.stdlib_dir() / src.test_rel).read_bytes()]
+    sizes = ','.join(f'{len(b)}:{hashlib.sha256(b).hexdigest()}' for b in texts)
+    with T.task_env(t) as env:
+        assert env.hidden and any(h.endswith('/test/test_textwrap.py') for h in env.hidden)
+        r = env.run(f"python - '{sizes}' textwrap,test_textwrap <<'EOF'\n{SCAN}\nEOF", timeout=600)
+        assert r.ok and 'HITS []' in r.stdout, r.text()[-2000:]
+        r = env.run("cd /tmp && python -c 'import textwrap; print(hasattr(textwrap, \"wrap_renamed\"))'")
+        assert r.stdout.strip() == 'True', r.text()
+    # without hiding, the originals are there to find (so the scan above could fail)
+    with T.TaskEnv(t.files, hide=[]) as env:
+        r = env.run(f"sha256sum {T.stdlib_dir() / src.rel} {T.stdlib_dir() / src.test_rel}")
+        assert [l.split()[0] for l in r.stdout.splitlines()] == [hashlib.sha256(b).hexdigest() for b in texts], r.text()
