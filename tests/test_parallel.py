@@ -58,8 +58,8 @@ def _ep(rank, W):
                 shared=max((a.grad - b.grad).abs().max().item() for a, b in zip(ep.shared.parameters(), moe.shared.parameters())),
                 routes=bool(torch.equal(st2.routes, st.routes[sl])), n_local=ep.n_local)
 
-def _train_cfg(): return ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
-                                     d_expert=16, n_dense_layers=1, d_dense=48, max_seq_len=64, aux_loss_coef=0.0)
+def _train_cfg(aux=0.0): return ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
+                                            d_expert=16, n_dense_layers=1, d_dense=48, max_seq_len=64, aux_loss_coef=aux)
 
 def _step(model, loss_fn, reduce=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
@@ -70,11 +70,16 @@ def _step(model, loss_fn, reduce=None):
     return loss.detach(), grads
 
 def _cp_train(rank, W):
+    "CE + 0.5 x MoE balance loss (exact under CP through moe_aux_hooks), T = 13 (padded shards)."
     torch.manual_seed(0); ref = Transformer(_train_cfg())
     model = Transformer(_train_cfg()); model.load_state_dict(ref.state_dict())
     ids = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(1))
-    lref, gref = _step(ref, lambda: F.cross_entropy(ref(ids).logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1)))
-    lcp, gcp = _step(model, lambda: cp_forward(model, ids).loss, lambda: allreduce_grads(model.parameters(), None, 'sum'))
+    def lref_fn():
+        o = ref(ids); return F.cross_entropy(o.logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1)) + 0.5 * o.aux_loss
+    def lcp_fn():
+        o = cp_forward(model, ids); return o.loss + 0.5 * o.aux_loss
+    lref, gref = _step(ref, lref_fn)
+    lcp, gcp = _step(model, lcp_fn, lambda: allreduce_grads(model.parameters(), None, 'sum'))
     dist.all_reduce(lcp)
     return dict(loss=abs(lcp.item() - lref.item()),
                 grad=max((gcp[n] - gref[n]).abs().max().item() for n in gref),
