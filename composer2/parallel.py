@@ -18,8 +18,8 @@ from .model import MoE, MoEStats, Attention, DenseFFN, _grouped, route
 
 # %% auto #0
 __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigzag_unshard', 'lse_merge', 'ring_attention',
-           'free_port', 'spawn_local', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather', 'all_to_all', 'EPMoE',
-           'shard_experts', 'moe_aux_hooks', 'copy_to_tp', 'reduce_from_tp', 'ColumnParallelLinear',
+           'free_port', 'spawn_local', 'moe_aux_hooks', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather',
+           'all_to_all', 'EPMoE', 'shard_experts', 'copy_to_tp', 'reduce_from_tp', 'ColumnParallelLinear',
            'RowParallelLinear', 'TPAttention', 'TPDenseFFN', 'tp_shard_model', 'ParallelDims', 'mesh_ranks',
            'ParallelMesh', 'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention', 'CPPretrainConfig',
            'CPStep', 'run_pretrain_cp', 'stage_long_context_cp', 'param_counts', 'comm_volumes', 'main']
@@ -217,6 +217,30 @@ def spawn_local(fn: Callable, world: int, *args, backend: str = 'gloo', threads:
         mp.spawn(_spawn_entry, args=(fn, world, free_port(), d, args, backend, threads), nprocs=world, join=True)
         return [torch.load(os.path.join(d, f'{r}.pt'), weights_only=False) for r in range(world)]
 
+# %% ../nbs/50_parallel.ipynb #c101
+from contextlib import contextmanager
+
+@contextmanager
+def moe_aux_hooks(model: nn.Module, real: torch.Tensor, group=None):
+    "Within the block, every MoE layer of `model` reports this rank's exact share of the CP group's balance loss; `real` [B, T] marks real tokens."
+    mods = [m for m in model.modules() if hasattr(m, 'router') and hasattr(m, 'scores')]   # MoE, EPMoE
+    def hook(mod, args, output):
+        x, (out, st) = args[0], output
+        E, k = mod.cfg.n_experts, mod.cfg.top_k
+        if real.shape != x.shape[:2]: raise ValueError(f"moe_aux_hooks: real mask {tuple(real.shape)} does not match tokens {tuple(x.shape[:2])}")
+        m = real.reshape(-1).to(x.device, torch.float32)
+        counts = (F.one_hot(st.routes.reshape(-1, k), E).sum(1).float() * m[:, None]).sum(0)
+        tot = torch.cat([counts, m.sum()[None]])
+        if group_size(group) > 1: dist.all_reduce(tot, group=group)
+        n = tot[E].clamp_min(1)
+        s = mod.scores(x).reshape(-1, E)
+        probsum = (s / s.sum(-1, keepdim=True) * m[:, None]).sum(0)
+        return out, MoEStats(st.routes, counts, E * ((tot[:E] / (n * k)) * probsum).sum() / n)
+    handles = [m.register_forward_hook(hook) for m in mods]
+    try: yield
+    finally:
+        for h in handles: h.remove()
+
 # %% ../nbs/50_parallel.ipynb #c022
 @dataclass
 class CPOutput:
@@ -349,30 +373,6 @@ def shard_experts(model, group=None):
     for layer in model.layers:
         if layer.is_moe and not isinstance(layer.ffn, EPMoE): layer.ffn = EPMoE(layer.ffn, group)
     return model
-
-# %% ../nbs/50_parallel.ipynb #c101
-from contextlib import contextmanager
-
-@contextmanager
-def moe_aux_hooks(model: nn.Module, real: torch.Tensor, group=None):
-    "Within the block, every MoE layer of `model` reports this rank's exact share of the CP group's balance loss; `real` [B, T] marks real tokens."
-    mods = [m for m in model.modules() if isinstance(m, (MoE, EPMoE))]
-    def hook(mod, args, output):
-        x, (out, st) = args[0], output
-        E, k = mod.cfg.n_experts, mod.cfg.top_k
-        if real.shape != x.shape[:2]: raise ValueError(f"moe_aux_hooks: real mask {tuple(real.shape)} does not match tokens {tuple(x.shape[:2])}")
-        m = real.reshape(-1).to(x.device, torch.float32)
-        counts = (F.one_hot(st.routes.reshape(-1, k), E).sum(1).float() * m[:, None]).sum(0)
-        tot = torch.cat([counts, m.sum()[None]])
-        if group_size(group) > 1: dist.all_reduce(tot, group=group)
-        n = tot[E].clamp_min(1)
-        s = mod.scores(x).reshape(-1, E)
-        probsum = (s / s.sum(-1, keepdim=True) * m[:, None]).sum(0)
-        return out, MoEStats(st.routes, counts, E * ((tot[:E] / (n * k)) * probsum).sum() / n)
-    handles = [m.register_forward_hook(hook) for m in mods]
-    try: yield
-    finally:
-        for h in handles: h.remove()
 
 # %% ../nbs/50_parallel.ipynb #c030
 class _CopyToTP(torch.autograd.Function):
