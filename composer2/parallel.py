@@ -18,10 +18,11 @@ from .model import MoE, MoEStats, Attention, DenseFFN, _grouped, route
 
 # %% auto #0
 __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigzag_unshard', 'lse_merge', 'ring_attention',
-           'free_port', 'spawn_local', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather', 'all_to_all', 'EPMoE',
-           'shard_experts', 'copy_to_tp', 'reduce_from_tp', 'ColumnParallelLinear', 'RowParallelLinear', 'TPAttention',
-           'TPDenseFFN', 'tp_shard_model', 'ParallelDims', 'mesh_ranks', 'ParallelMesh', 'init_parallel',
-           'reduce_grads', 'saved_bytes', 'check_ring_attention', 'param_counts', 'comm_volumes']
+           'free_port', 'spawn_local', 'moe_aux_hooks', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather',
+           'all_to_all', 'EPMoE', 'shard_experts', 'copy_to_tp', 'reduce_from_tp', 'ColumnParallelLinear',
+           'RowParallelLinear', 'TPAttention', 'TPDenseFFN', 'tp_shard_model', 'ParallelDims', 'mesh_ranks',
+           'ParallelMesh', 'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention', 'CPPretrainConfig',
+           'CPStep', 'run_pretrain_cp', 'stage_long_context_cp', 'param_counts', 'comm_volumes', 'main']
 
 # %% ../nbs/50_parallel.ipynb #c006
 def group_size(group=None) -> int:
@@ -216,6 +217,30 @@ def spawn_local(fn: Callable, world: int, *args, backend: str = 'gloo', threads:
         mp.spawn(_spawn_entry, args=(fn, world, free_port(), d, args, backend, threads), nprocs=world, join=True)
         return [torch.load(os.path.join(d, f'{r}.pt'), weights_only=False) for r in range(world)]
 
+# %% ../nbs/50_parallel.ipynb #c101
+from contextlib import contextmanager
+
+@contextmanager
+def moe_aux_hooks(model: nn.Module, real: torch.Tensor, group=None):
+    "Within the block, every MoE layer of `model` reports this rank's exact share of the CP group's balance loss; `real` [B, T] marks real tokens."
+    mods = [m for m in model.modules() if hasattr(m, 'router') and hasattr(m, 'scores')]   # MoE, EPMoE
+    def hook(mod, args, output):
+        x, (out, st) = args[0], output
+        E, k = mod.cfg.n_experts, mod.cfg.top_k
+        if real.shape != x.shape[:2]: raise ValueError(f"moe_aux_hooks: real mask {tuple(real.shape)} does not match tokens {tuple(x.shape[:2])}")
+        m = real.reshape(-1).to(x.device, torch.float32)
+        counts = (F.one_hot(st.routes.reshape(-1, k), E).sum(1).float() * m[:, None]).sum(0)
+        tot = torch.cat([counts, m.sum()[None]])
+        if group_size(group) > 1: dist.all_reduce(tot, group=group)
+        n = tot[E].clamp_min(1)
+        s = mod.scores(x).reshape(-1, E)
+        probsum = (s / s.sum(-1, keepdim=True) * m[:, None]).sum(0)
+        return out, MoEStats(st.routes, counts, E * ((tot[:E] / (n * k)) * probsum).sum() / n)
+    handles = [m.register_forward_hook(hook) for m in mods]
+    try: yield
+    finally:
+        for h in handles: h.remove()
+
 # %% ../nbs/50_parallel.ipynb #c022
 @dataclass
 class CPOutput:
@@ -224,7 +249,7 @@ class CPOutput:
     targets: torch.Tensor       # [B, 2c] next-token targets of the shard (ignore_index at padding and at the end)
     loss: torch.Tensor          # this rank's share of the global token-mean loss (sum over ranks = global mean)
     n_tokens: int               # real targets in the whole batch
-    aux_loss: Optional[torch.Tensor] = None   # MoE balance loss over this rank's tokens
+    aux_loss: Optional[torch.Tensor] = None   # this rank's exact share of the MoE balance loss (sum over ranks = global)
 
 def cp_forward(model, ids: torch.Tensor, group=None, targets: torch.Tensor | None = None, ignore_index: int = -100,
                causal: bool = True) -> CPOutput:
@@ -240,7 +265,8 @@ def cp_forward(model, ids: torch.Tensor, group=None, targets: torch.Tensor | Non
     tgt_r = zigzag_shard(targets, r, W, 1, ignore_index)
     pos = zigzag_positions(T, r, W, ids.device)
     attn = lambda q, k, v: ring_attention(q, k, v, group, causal=causal, seq_len=T)
-    out = model(ids_r, positions=pos[None].expand(B, -1), attn_fn=attn)
+    with moe_aux_hooks(model, (pos < T)[None].expand(B, -1), group):     # exact balance-loss share
+        out = model(ids_r, positions=pos[None].expand(B, -1), attn_fn=attn)
     V = out.logits.shape[-1]
     ce = F.cross_entropy(out.logits.to(_acc(out.logits)).reshape(-1, V), tgt_r.reshape(-1), ignore_index=ignore_index, reduction='sum')
     n = (targets != ignore_index).sum()
@@ -538,6 +564,124 @@ def check_ring_attention(rank: int, world: int, T: int = 13, H: int = 4, H_kv: i
     gerr = max((s.grad - zigzag_shard(l.grad, rank, world, 2)).abs().max().item() for s, l in zip(sh, leaves))
     return dict(out_err=err, grad_err=gerr, saved_bytes=nbytes)
 
+# %% ../nbs/50_parallel.ipynb #c105
+from dataclasses import replace as _replace
+from pathlib import Path
+from .pretrain import PretrainConfig, build_model, run_pretrain
+from .train import Batch, WindowSampler, masked_ce, perplexity, train as _train
+from .tokenizer import Tokenizer, load_stream
+from .config import load_section, to_dict, write_json, write_resolved
+
+@dataclass
+class CPPretrainConfig(PretrainConfig):
+    "A pretraining stage config with `cp_size`: ranks sharing each sequence (zigzag ring attention)."
+    cp_size: int = 1
+    def __post_init__(self):
+        super().__post_init__()
+        check(isinstance(self.cp_size, int) and self.cp_size >= 1, f"cp_size must be an integer >= 1, got {self.cp_size!r}")
+
+class CPStep:
+    "`batch_fn` and `loss_fn` for `composer2.train.train` on this rank of a CP group (see the prose above)."
+    def __init__(self, sampler, seq_len: int, mesh: ParallelMesh, aux_coef: float, accum: int):
+        self.sampler, self.T, self.mesh, self.aux_coef, self.accum = sampler, seq_len, mesh, aux_coef, accum
+        c = mesh.coords(); self.cp_rank, self.dp_rank = c['cp'], c['dp']
+        self.cp, self.dp, self.group = mesh.dims.cp, mesh.dims.dp, mesh.cp_group
+        self.pos = zigzag_positions(seq_len, self.cp_rank, self.cp)
+        self.n_local, self._mb = 0.0, 0
+    def batch_fn(self, step: int, rank: int = 0, world: int = 1) -> Batch:
+        b = self.sampler(step, self.dp_rank, self.dp)            # the replica's windows, the same on its CP ranks
+        if b.x.shape[1] != self.T: raise ValueError(f"CP batch of length {b.x.shape[1]}, expected seq_len {self.T}")
+        sh = lambda t: zigzag_shard(t, self.cp_rank, self.cp, 1, 0)
+        out = Batch(sh(b.x), sh(b.y), sh(b.mask))
+        self.n_local, self._mb = float(out.mask.sum()), 0
+        return out
+    def loss_fn(self, model, mb: Batch):
+        dev = mb.x.device; B = mb.x.shape[0]
+        pos = self.pos.to(dev)
+        real = (pos < self.T)[None].expand(B, -1)
+        use_aux = self.aux_coef > 0 and getattr(model, 'module', model).cfg.n_moe_layers > 0
+        if use_aux and self._mb == 0:                              # the step's global token count (all ranks)
+            n = torch.tensor(self.n_local, device=dev); dist.all_reduce(n); self.n_global = n.clamp_min(1)
+        self._mb += 1
+        attn = lambda q, k, v: ring_attention(q, k, v, self.group, causal=True, seq_len=self.T)
+        with moe_aux_hooks(getattr(model, 'module', model), real, self.group):
+            out = model(mb.x, positions=pos[None].expand(B, -1), attn_fn=attn)
+        s, n = masked_ce(out.logits, mb.y, mb.mask)
+        if use_aux:
+            a = self.aux_coef * out.aux_loss * self.n_global / (self.accum * self.dp)
+            s = s + (a - a.detach())                               # gradient of the balance loss, value unchanged
+        return s, n
+
+def _launched() -> bool: return int(os.environ.get('WORLD_SIZE', '1')) > 1
+
+def _cp_pretrain(name: str, cfg: CPPretrainConfig, model_cfg=None) -> dict | None:
+    "One rank of a CP pretraining run (torch.distributed set up by a launcher or by `run_pretrain_cp`)."
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        if cuda: torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
+        dist.init_process_group('nccl' if cuda else 'gloo')
+    world, cp = dist.get_world_size(), cfg.cp_size
+    if world % cp: raise ConfigError(f"{name}.cp_size ({cp}) must divide the world size ({world})")
+    dims = ParallelDims(dp=world // cp, cp=cp)
+    tc = cfg.train
+    if tc.batch_size % dims.dp: raise ConfigError(f"{name}.train.batch_size ({tc.batch_size}) must be divisible by dp = world/cp_size = {dims.dp}")
+    per_rank = tc.batch_size // dims.dp; micro = tc.micro_batch_size or per_rank
+    if per_rank % micro: raise ConfigError(f"{name}.train.micro_batch_size {micro} must divide the per-replica batch {per_rank}")
+    tok = Tokenizer.load(cfg.tokenizer)
+    model, init_meta = build_model(cfg, model_cfg, tok.vocab_size)
+    if tc.seq_len > model.cfg.max_seq_len:
+        raise ConfigError(f"{name}.train.seq_len ({tc.seq_len}) exceeds the model context ({model.cfg.max_seq_len})")
+    if model.cfg.bias_update_rate > 0:
+        raise ConfigError(f"{name}.cp_size > 1 does not support model.bias_update_rate > 0 (aux-loss-free balancing)")
+    mesh = init_parallel(dims, model.cfg)
+    stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
+    L = tc.seq_len
+    ev = lambda m: {'val_ppl': perplexity(m, val, L, tc.eval_windows), 'heldout_ppl': perplexity(m, held, L, tc.eval_windows)}
+    out, rank = Path(cfg.out_dir), dist.get_rank()
+    if rank == 0: write_resolved(out, **{name: cfg}, model=model.cfg)
+    local = int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
+    run_cfg = _replace(tc, batch_size=tc.batch_size * cp, threads=max(1, tc.threads // local) if tc.threads else 0)
+    step = CPStep(WindowSampler(stream, L, tc.batch_size, tc.seed), L, mesh, model.cfg.aux_loss_coef, per_rank // micro)
+    hist = _train(model, run_cfg, step.batch_fn, out, stage=name, eval_fn=ev, live_dir=f'reports/live/{name}',
+                  loss_fn=step.loss_fn,
+                  meta={'init': cfg.init, 'init_commit': init_meta.get('git_commit'), 'train_config': to_dict(tc),
+                        'parallel': {'dp': dims.dp, 'cp': cp}})
+    if rank != 0: return None
+    last = hist['eval'][-1]
+    metrics = {'steps': tc.steps, 'seq_len': L, 'tokens': hist['tokens'][-1], 'final_loss': hist['loss'][-1],
+               'first_loss': hist['loss'][0], 'val_ppl': last['val_ppl'], 'heldout_ppl': last['heldout_ppl'],
+               'tokens_per_s': hist['tokens_per_s'], 'wall_s': hist['wall_s'],
+               'params_total': model.num_params(), 'params_active': model.num_params(active=True),
+               'rope_scaling': to_dict(model.cfg.rope_scaling), 'eval_curve': hist['eval'],
+               'cp_size': cp, 'dp_size': dims.dp, 'loss_curve': hist['loss']}
+    write_json(f'reports/metrics/{name}.json', metrics)
+    return metrics
+
+def _cp_entry(rank, world, port, name, cfg, model_cfg, outdir):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    try:
+        res = _cp_pretrain(name, cfg, model_cfg)
+        if res is not None: torch.save(res, os.path.join(outdir, 'metrics.pt'))
+    finally:
+        if dist.is_initialized(): dist.destroy_process_group()
+
+def run_pretrain_cp(name: str, cfg: PretrainConfig, model_cfg=None) -> dict | None:
+    "Run pretraining stage `name` with `cfg.cp_size` ranks per sequence (in the launched group, or on spawned local processes)."
+    cp = getattr(cfg, 'cp_size', 1)
+    if cp == 1 and not _launched(): return run_pretrain(name, cfg, model_cfg)
+    if _launched(): return _cp_pretrain(name, cfg, model_cfg)
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_cp_entry, args=(cp, free_port(), name, cfg, model_cfg, d), nprocs=cp, join=True)
+        return torch.load(os.path.join(d, 'metrics.pt'), weights_only=False)
+
+def stage_long_context_cp(params='params.yaml', cp_size: int | None = None) -> dict | None:
+    "The long_context stage with context parallelism: the `long_context` section, `cp_size` from it or the argument."
+    cfg = load_section(CPPretrainConfig, 'long_context', params)
+    if cp_size is not None: cfg = _replace(cfg, cp_size=cp_size)
+    return run_pretrain_cp('long_context', cfg)
+
 # %% ../nbs/50_parallel.ipynb #c043
 def param_counts(cfg) -> dict:
     """Total and active parameters of a `ModelConfig`-like object (analytic: no model is built; any object with its
@@ -567,3 +711,21 @@ def comm_volumes(cfg, seq: int, tp: int = 1, cp: int = 1, ep: int = 1, coupled: 
     E = param_counts(cfg)['experts']
     return dict(tp=tp_b, cp=cp_b, ep=ep_b, total=tp_b + cp_b + ep_b, expert_params_per_rank=E / shards,
                 zero3_gather=2 * E * bytes_per * (ep - 1) / ep)
+
+# %% ../nbs/50_parallel.ipynb #c109
+def main(argv=None):
+    import argparse, sys, time
+    ap = argparse.ArgumentParser(prog='python -m composer2.parallel', description='pipeline stages with context parallelism')
+    sub = ap.add_subparsers(dest='cmd', required=True)
+    s = sub.add_parser('stage', help='run a stage with cp_size ranks per sequence')
+    s.add_argument('name', choices=['long_context']); s.add_argument('--params', default='params.yaml')
+    s.add_argument('--cp', type=int, default=None, help='cp_size (default: the section\'s cp_size, else 1)')
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    try: stage_long_context_cp(a.params, a.cp)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr); return 2
+    if group_rank() == 0 or not _launched(): print(f"stage {a.name} (cp) finished in {time.time() - t0:.1f}s", file=sys.stderr)
+    return 0
+
+if __name__ == '__main__' and '__file__' in globals(): raise SystemExit(main())

@@ -58,8 +58,8 @@ def _ep(rank, W):
                 shared=max((a.grad - b.grad).abs().max().item() for a, b in zip(ep.shared.parameters(), moe.shared.parameters())),
                 routes=bool(torch.equal(st2.routes, st.routes[sl])), n_local=ep.n_local)
 
-def _train_cfg(): return ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
-                                     d_expert=16, n_dense_layers=1, d_dense=48, max_seq_len=64, aux_loss_coef=0.0)
+def _train_cfg(aux=0.0): return ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
+                                            d_expert=16, n_dense_layers=1, d_dense=48, max_seq_len=64, aux_loss_coef=aux)
 
 def _step(model, loss_fn, reduce=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
@@ -70,11 +70,16 @@ def _step(model, loss_fn, reduce=None):
     return loss.detach(), grads
 
 def _cp_train(rank, W):
+    "CE + 0.5 x MoE balance loss (exact under CP through moe_aux_hooks), T = 13 (padded shards)."
     torch.manual_seed(0); ref = Transformer(_train_cfg())
     model = Transformer(_train_cfg()); model.load_state_dict(ref.state_dict())
     ids = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(1))
-    lref, gref = _step(ref, lambda: F.cross_entropy(ref(ids).logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1)))
-    lcp, gcp = _step(model, lambda: cp_forward(model, ids).loss, lambda: allreduce_grads(model.parameters(), None, 'sum'))
+    def lref_fn():
+        o = ref(ids); return F.cross_entropy(o.logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1)) + 0.5 * o.aux_loss
+    def lcp_fn():
+        o = cp_forward(model, ids); return o.loss + 0.5 * o.aux_loss
+    lref, gref = _step(ref, lref_fn)
+    lcp, gcp = _step(model, lcp_fn, lambda: allreduce_grads(model.parameters(), None, 'sum'))
     dist.all_reduce(lcp)
     return dict(loss=abs(lcp.item() - lref.item()),
                 grad=max((gcp[n] - gref[n]).abs().max().item() for n in gref),
@@ -211,3 +216,53 @@ def test_mesh_constraints():
     with pytest.raises(ConfigError, match='world size'): ParallelDims(dp=2).check(4)
     with pytest.raises(ConfigError, match='n_heads'): ParallelDims(tp=3).check(3, ModelConfig(n_heads=4, n_kv_heads=2))
     with pytest.raises(ConfigError, match='n_experts'): ParallelDims(dp=4, ep=4).check(4, ModelConfig(n_experts=6, top_k=2))
+
+# ---- the long_context stage with cp_size = 2 against the single-process stage ----
+
+def _lc_workspace(root, out_dir, cp_size=None):
+    "Tokenizer, token streams and a cpt-like checkpoint (8 experts, shared expert, aux loss on) in `root`; a params file."
+    import numpy as np, yaml
+    from composer2.tokenizer import Tokenizer, save_stream
+    from composer2.train import save_checkpoint
+    if not (root / 'tok' / 'tokenizer.json').exists():
+        texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(200)]
+        tok = Tokenizer.train(texts, vocab_size=300, min_frequency=1); tok.save(root / 'tok' / 'tokenizer.json')
+        rng = np.random.default_rng(0)
+        for s in ('code_train', 'code_val', 'heldout'): save_stream(root / 'tokens' / f'{s}.bin', rng.integers(0, tok.vocab_size, 3000))
+        cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
+                          d_expert=16, n_shared_experts=1, max_seq_len=16, aux_loss_coef=0.05)
+        torch.manual_seed(0); save_checkpoint(root / 'cpt' / 'ckpt', Transformer(cfg), step=1, meta={'stage': 'cpt'})
+    sec = dict(data=str(root / 'tokens/code_train.bin'), val=str(root / 'tokens/code_val.bin'), heldout=str(root / 'tokens/heldout.bin'),
+               tokenizer=str(root / 'tok'), init=str(root / 'cpt/ckpt'), out_dir=str(out_dir), context_factor=4, rope_scaling='yarn',
+               train=dict(steps=3, batch_size=2, seq_len=62, lr=0.01, warmup_steps=1, eval_every=3, eval_windows=2, threads=1, seed=5))
+    if cp_size is not None: sec['cp_size'] = cp_size
+    p = root / f'params_{out_dir.name}.yaml'; p.write_text(yaml.safe_dump({'long_context': sec})); return p
+
+@pytest.mark.slow          # ~25 s on 2 idle cores (spawn + DeepSpeed init); the first DeepSpeed CPU run also builds its shm op
+def test_long_context_stage_cp2_matches_single_process(tmp_path, monkeypatch):
+    "seq_len 62 (not a multiple of 2·cp: padded shards), YaRN-extended checkpoint, MoE balance loss on, 3 steps."
+    import json
+    from safetensors.torch import load_file
+    from composer2.pretrain import stage_long_context
+    from composer2.parallel import stage_long_context_cp
+    from composer2.train import read_meta
+    monkeypatch.chdir(tmp_path)
+    single = stage_long_context(_lc_workspace(tmp_path, tmp_path / 'single'))
+    cp = stage_long_context_cp(_lc_workspace(tmp_path, tmp_path / 'cp', cp_size=2))
+    assert cp['cp_size'] == 2 and cp['dp_size'] == 1 and cp['tokens'] == single['tokens'] == 3 * 2 * 62
+    assert json.loads((tmp_path / 'reports/metrics/long_context.json').read_text())['cp_size'] == 2
+    hs, hc = read_meta(tmp_path / 'single/ckpt'), read_meta(tmp_path / 'cp/ckpt')
+    assert hc['parallel'] == {'dp': 1, 'cp': 2} and hc['train_config']['batch_size'] == 2
+    # (grad_norm is not compared: `train` logs DeepSpeed's get_global_grad_norm(), which ZeRO stage 0 leaves at 0)
+    assert len(hc['history']['loss']) == 3
+    assert max(abs(a - b) for a, b in zip(hs['history']['loss'], hc['history']['loss'])) < 1e-5, (hs['history']['loss'], hc['history']['loss'])
+    ws, wc = load_file(str(tmp_path / 'single/ckpt/model.safetensors')), load_file(str(tmp_path / 'cp/ckpt/model.safetensors'))
+    init = load_file(str(tmp_path / 'cpt/ckpt/model.safetensors'))
+    assert max((ws[n] - init[n]).abs().max().item() for n in ws) > 1e-3                 # the steps moved the weights
+    assert max((ws[n] - wc[n]).abs().max().item() for n in ws) < 1e-5
+    assert abs(single['val_ppl'] - cp['val_ppl']) < 1e-3 * single['val_ppl']
+
+def test_cp_config_errors(tmp_path):
+    from composer2.parallel import stage_long_context_cp
+    p = _lc_workspace(tmp_path, tmp_path / 'x', cp_size=0)
+    with pytest.raises(ConfigError, match='cp_size'): stage_long_context_cp(p)
