@@ -259,7 +259,9 @@ def test_long_context_stage_cp2_matches_single_process(tmp_path, monkeypatch):
     ws, wc = load_file(str(tmp_path / 'single/ckpt/model.safetensors')), load_file(str(tmp_path / 'cp/ckpt/model.safetensors'))
     init = load_file(str(tmp_path / 'cpt/ckpt/model.safetensors'))
     assert max((ws[n] - init[n]).abs().max().item() for n in ws) > 1e-3                 # the steps moved the weights
-    assert max((ws[n] - wc[n]).abs().max().item() for n in ws) < 1e-5
+    # AdamW's first steps move each weight by ~lr·g/|g|: elements with |g| near eps amplify fp32 rounding (ring vs SDPA,
+    # all-reduce order) to ~1e-5 at lr 1e-2, while a wrong loss share would move weights by ~lr
+    assert max((ws[n] - wc[n]).abs().max().item() for n in ws) < 5e-5
     assert abs(single['val_ppl'] - cp['val_ppl']) < 1e-3 * single['val_ppl']
 
 def test_cp_config_errors(tmp_path):
