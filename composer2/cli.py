@@ -17,7 +17,7 @@ STAGES = {
     'tokenizer': 'composer2.tokenizer:stage',
     'base': 'composer2.pretrain:stage_base',
     'cpt': 'composer2.pretrain:stage_cpt',
-    'long_context': 'composer2.pretrain:stage_long_context',
+    'long_context': 'composer2.parallel:stage_long_context_cp',  # cp_size 1: composer2.pretrain's stage, unchanged
     'sft': 'composer2.sft:stage',
     'eval': 'composer2.evaluate:stage',
     'mtp': 'composer2.mtp:stage',
