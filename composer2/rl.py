@@ -22,13 +22,12 @@ from .train import save_checkpoint, load_model, load_weights, read_meta, model_s
 
 # %% auto #0
 __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'TRANSPORTS', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv', 'toy_env_factory',
-           'HarnessEnv', 'shaped_reward', 'ChatCodec', 'ManualWeights', 'SharedWeights', 'load_state_into',
-           'publishable_state', 'RolloutConfig', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup', 'segment_batch',
-           'token_logprobs', 'group_advantages', 'pg_loss', 'mismatch', 'LossConfig', 'Learner', 'EpochSampler',
-           'WorkerSpec', 'tokenizer_from_json', 'build_rollout_model', 'rollout_groups', 'LocalTransport',
-           'RayTransport', 'RLConfig', 'measure_mismatch', 'run_rl', 'harness_env_factory', 'curriculum_system',
-           'reward_config', 'stage_agent_sft', 'RLStageConfig', 'stage_rl', 'EvalRLConfig', 'heldout_summary',
-           'paired_difference', 'stage_eval_rl']
+           'HarnessEnv', 'ChatCodec', 'ManualWeights', 'SharedWeights', 'load_state_into', 'publishable_state',
+           'RolloutConfig', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup', 'segment_batch', 'token_logprobs',
+           'group_advantages', 'pg_loss', 'mismatch', 'LossConfig', 'Learner', 'EpochSampler', 'WorkerSpec',
+           'tokenizer_from_json', 'build_rollout_model', 'rollout_groups', 'LocalTransport', 'RayTransport', 'RLConfig',
+           'measure_mismatch', 'run_rl', 'harness_env_factory', 'curriculum_system', 'reward_config', 'stage_agent_sft',
+           'RLStageConfig', 'stage_rl', 'EvalRLConfig', 'heldout_summary', 'paired_difference', 'stage_eval_rl']
 
 # %% ../nbs/42_rl.ipynb #c005
 NO_ROUTE = 255
@@ -76,13 +75,16 @@ class EpisodeEnv(Protocol):
 
 class ToyEnv:
     "A scripted environment: `turns` assistant turns, each answered by an observation of `obs_words` words."
-    def __init__(self, prompt: str = 'say a word', turns: int = 2, obs_words: int = 4, target: str = 'a', seed: int = 0):
+    def __init__(self, prompt: str = 'say a word', turns: int = 2, obs_words: int = 4, target: str = 'a', seed: int = 0,
+                 latency: float = 0.0):
         self.prompt, self.turns, self.obs_words, self.target, self.seed = prompt, turns, obs_words, target, seed
+        self.latency = latency      # seconds each tool step takes (a stand-in for sandboxed tool calls)
     def reset(self):
         self.n, self.texts = 0, []
         return [Message('system', 'toy'), Message('user', self.prompt)]
     def step(self, text):
         self.n += 1; self.texts.append(text)
+        if self.latency: time.sleep(self.latency)
         if self.n >= self.turns: return [], True
         rng = random.Random(self.seed * 1000 + self.n)
         return [Message('tool', ' '.join(rng.choice(['ok', 'fine', 'next', 'go']) for _ in range(self.obs_words)))], False
@@ -98,65 +100,31 @@ def toy_env_factory(job: dict, sample: int) -> ToyEnv:
 
 # %% ../nbs/42_rl.ipynb #c010
 class HarnessEnv:
-    "A task's repository in a sandbox (or local workspace), the tool box, hidden-test grading and the shaped reward."
-    def __init__(self, task, system: str | None = None, backend: str = 'sandbox', max_turns: int = 8, reward_cfg=None,
-                 toolbox_kw: dict | None = None):
-        self.task, self.system, self.backend, self.max_turns = task, system, backend, max_turns
-        self.reward_cfg, self.toolbox_kw, self.env = reward_cfg, toolbox_kw or {}, None
+    """One curriculum (or real harness) task in the sandbox through `composer2.curriculum.AgentEnv` (tools, hidden-test
+    grading), with the shaped reward of `composer2.rewards` (task reward, concave length penalty, behaviour rewards)."""
+    def __init__(self, task, system: str | None = None, backend: str = 'sandbox', max_turns: int = 8, reward_cfg=None):
+        self.task, self.system, self.backend, self.max_turns, self.reward_cfg, self.env = task, system, backend, max_turns, reward_cfg, None
     def reset(self):
-        from composer2.tasks import TaskEnv
-        from composer2.tools import Toolbox
-        self.env = TaskEnv(self.task.files, self.backend)
-        self.tb = Toolbox(self.env.sb, **self.toolbox_kw)
-        sys_text = self.system or _default_system(self.tb)
-        self.calls, self.n_malformed, self.n_err, self.submitted, self.final_message, self.turns = [], 0, 0, False, '', 0
-        return [Message('system', sys_text), Message('user', self.task.prompt)]
+        from composer2.curriculum import AgentEnv, SYSTEM_SHORT
+        self.env = AgentEnv(self.task, self.backend, None, self.system or SYSTEM_SHORT, self.max_turns)
+        return self.env.reset()
     def step(self, text):
-        self.turns += 1
-        p = parse_assistant(text)
-        self.n_malformed += len(p.errors)
-        self.calls += [json.dumps({'name': c.name, 'arguments': c.arguments}, sort_keys=True) for c in p.calls]
-        obs = self.tb.execute_text(text)
-        msgs = []
-        for o in obs:
-            self.n_err += not o.ok
-            msgs.append(Message('tool', o.text))
-            if o.submitted:
-                self.submitted = True
-                sub = [c for c in p.calls if c.name == 'submit']
-                self.final_message = str(sub[0].arguments.get('message', '')) if sub else p.content
-        done = self.submitted or not obs or self.turns >= self.max_turns
-        return msgs, done
+        new, done = self.env.step(text)
+        return [m for m in new if m.role == 'tool'], done      # the assistant turn is already in the token stream
     def finish(self, info):
-        from composer2.tasks import grade_env, tree_files, unified_diff
-        final = tree_files(self.env.workspace)
-        g = grade_env(self.task, self.env)
-        ep = dict(task=self.task, grade=g, files_before=self.task.files, files_after=final, diff=unified_diff(self.task.files, final),
-                  calls=self.calls, n_malformed=self.n_malformed, n_tool_errors=self.n_err, submitted=self.submitted,
-                  final_message=self.final_message, gen_tokens=info.get('gen_tokens', 0), turns=self.turns)
-        comp = shaped_reward(ep, self.reward_cfg)
-        comp.setdefault('resolved', float(g.resolved)); comp['category'] = self.task.category
+        from composer2.rewards import episode_reward, RewardConfig
+        env, self.env = self.env, None
+        ep = env.finish()
+        comp = dict(episode_reward(ep, int(info.get('gen_tokens', 0)), self.reward_cfg or RewardConfig()))
+        counts = comp.pop('counts', {}) or {}
+        comp = {k: float(v) for k, v in comp.items() if isinstance(v, (int, float))}
+        comp.update({f'n_{k}': float(v) for k, v in counts.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        comp['resolved'] = float(ep.resolved); comp['category'] = self.task.category
         return comp
     def close(self):
-        if self.env is not None: self.env.close(); self.env = None
-
-def _default_system(tb) -> str:
-    try:
-        from composer2.curriculum import system_prompt
-        return system_prompt(tb)
-    except Exception:
-        from composer2.agents import SYSTEM
-        return SYSTEM.format(tools='\n'.join(json.dumps(s) for s in tb.schemas()))
-
-def shaped_reward(ep: dict, reward_cfg=None) -> dict:
-    "The episode's reward components and `total`: `composer2.rewards.total_reward` when present, else the task reward."
-    try: from composer2.rewards import total_reward
-    except ImportError: total_reward = None
-    if total_reward is not None:
-        out = total_reward(ep, reward_cfg) if reward_cfg is not None else total_reward(ep)
-        return dict(out)
-    r = float(ep['grade'].resolved)
-    return {'task': r, 'total': r}
+        if self.env is not None:
+            env, self.env = self.env, None
+            env.close()
 
 # %% ../nbs/42_rl.ipynb #c012
 SUMMARY_REQUEST = ("The context is nearly full. Summarise your progress so far: what the task is, what you found, "
@@ -908,7 +876,7 @@ def _curriculum():
 
 def curriculum_system() -> str | None:
     C = _curriculum()
-    for name in ('SYSTEM', 'SYSTEM_PROMPT', 'system_prompt'):
+    for name in ('SYSTEM_SHORT', 'SYSTEM', 'SYSTEM_PROMPT'):
         v = getattr(C, name, None)
         if isinstance(v, str): return v
         if callable(v):
@@ -932,7 +900,7 @@ def stage_agent_sft(params: str = 'params.yaml') -> dict:
 
 @dataclass
 class RLStageConfig(RLConfig):
-    reward: dict = field(default_factory=dict)
+    reward: dict[str, Any] = field(default_factory=dict)
 
 def stage_rl(params: str = 'params.yaml') -> dict:
     from composer2.tokenizer import Tokenizer
@@ -962,6 +930,11 @@ def stage_rl(params: str = 'params.yaml') -> dict:
          'curve': [{k: s.get(k) for k in ('step', 'reward_mean', 'best_of_group', 'loss', 'gen_tokens_mean', 'turns_mean',
                                           'summaries_mean', 'is_weight_mean', 'clipped_frac', 'components', 'lengths',
                                           'summaries', 'staleness', 'wall_s')} for s in steps]}
+    try:
+        from composer2.rewards import length_penalty
+        rcfg = reward_config(cfg.reward); xs = [int(x) for x in np.linspace(0, 4 * rcfg.length_ref, 41)]
+        m['penalty_curve'] = {'tokens': xs, 'penalty': [float(length_penalty(x, rcfg)) for x in xs]}
+    except ImportError: pass
     write_json(root / 'reports' / 'metrics' / 'rl_train.json', m)
     return m
 
@@ -983,7 +956,7 @@ class EvalRLConfig:
     bench_tasks: int = 12          # real harness tasks run per checkpoint (0: skip)
     bench_context_budget: int = 1024
     seed: int = 0
-    reward: dict = field(default_factory=dict)
+    reward: dict[str, Any] = field(default_factory=dict)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     def __post_init__(self):
         check(self.n_heldout >= 2 and self.k >= 1, 'eval_rl: n_heldout must be >= 2 and k >= 1')

@@ -217,7 +217,10 @@ def test_ray_backend_runs_workers_as_actors(setup, tmp_path):
     pytest.importorskip('ray')
     import ray
     tok, codec, model = setup
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try: ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as e:      # an overloaded machine can time Ray's own node startup out: that is not this code's failure
+        if 'timed out during startup' in str(e): pytest.skip(f'local Ray instance did not start: {e}')
+        raise
     try:
         h = R.run_rl(_cfg(steps=2, backend='ray', ckpt_every=0), copy.deepcopy(model), tok.hf.to_str(), JOBS,
                      R.toy_env_factory, tmp_path)
