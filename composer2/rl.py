@@ -308,11 +308,11 @@ def _end_turns(items, codec, cfg, pool, cache):
         if done or r.turns >= cfg.max_turns:
             r.done = True; r.close_segment(); continue
         head = [] if closed else [codec.end]              # a turn cut at max_new_tokens is closed for the model
-        obs = head + _fit_obs(codec.observation(msgs), cfg.context_budget // 4)
+        obs = head + _fit_obs(codec.observation(msgs), cfg.context_budget // 2)
         if len(r.ids) + len(obs) + cfg.max_new_tokens > cfg.summary_trigger * cfg.context_budget:
             if len(r.segments) + 1 >= cfg.max_segments:      # no summaries left: the trajectory ends here
                 r.done = True; r.close_segment(); continue
-            req = head + _fit_obs(codec.summary_request(msgs), cfg.context_budget // 4)
+            req = head + _fit_obs(codec.summary_request(msgs), cfg.context_budget // 2)
             r.add_prompt(req); r.pending = r.pending + req; r.phase = 'summary'
         else:
             r.add_prompt(obs); r.pending = r.pending + obs
@@ -1012,7 +1012,7 @@ def stage_eval_rl(params: str = 'params.yaml') -> dict:
     for name, p in (('agent_sft', cfg.sft_ckpt), ('rl', cfg.rl_ckpt)):
         res[name], models[name] = _eval_ckpt(root / p, tok, jobs, fac, cfg.rollout, cfg.groups_per_batch, cfg.seed, cfg.threads)
         summ[name] = heldout_summary(res[name])
-    groups = [ts for _, ts in res['rl']]
+    groups = [ts for _, ts in res['rl']][:16]          # 16 groups of fresh RL rollouts are plenty of tokens
     mm = measure_mismatch(models['rl'], groups, 0)
     diff = paired_difference(summ['agent_sft']['per_task_mean'], summ['rl']['per_task_mean'])
     diff_best = paired_difference(summ['agent_sft']['per_task_best'], summ['rl']['per_task_best'])
