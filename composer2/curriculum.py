@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Callable
 
-from .chat import END, Message, ToolCall, encode_chat, parse_assistant, render
+from .chat import END, EOS, Message, ToolCall, encode_chat, parse_assistant, render
+from .tools import defuse
 from .config import ConfigError, check, load_section, write_json, write_resolved
 from .tasks import (CATEGORIES as HARNESS_CATEGORIES, Task, TaskEnv, TaskError, grade_env, tree_files,
                              unified_diff, validate_task)
@@ -491,7 +492,8 @@ class AgentEnv:
         text = text.split(END, 1)[0]
         self.texts.append(text)
         p = parse_assistant(text)
-        new = [Message('assistant', p.content, p.calls, p.summary)]
+        # a model may emit reserved tokens (`<|user|>`...) inside its text: defuse them so the transcript still renders
+        new = [Message('assistant', defuse(p.content), p.calls, None if p.summary is None else defuse(p.summary))]
         obs = self.tb.execute_text(text)
         for o in obs:
             self.n_calls += 1; self.n_err += not o.ok
@@ -549,7 +551,7 @@ def rollout(model, tok, tasks: list[Task], temperature: float = 1.0, max_turns: 
     from composer2.model import generate
     from composer2.rewards import RewardConfig, episode_reward
     reward_cfg = reward_cfg or RewardConfig()
-    end_id, asst = tok.token_id(END), tok.encode('<|assistant|>')
+    end_id, eos_id, asst = tok.token_id(END), tok.token_id(EOS), tok.encode('<|assistant|>')
     max_len = max_len or model.cfg.max_seq_len
     g = torch.Generator().manual_seed(seed)
     out: list[Episode] = []
@@ -568,10 +570,10 @@ def rollout(model, tok, tasks: list[Task], temperature: float = 1.0, max_turns: 
                         live.append(i); prompts.append(ids)
                     if not live: break
                     gen = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, generator=g,
-                                   stop_ids=(end_id,))
+                                   stop_ids=(end_id, eos_id))
                     for i, toks in zip(live, gen.tokens):
                         ntok[i] += len(toks)
-                        envs[i].step(tok.decode([t for t in toks if t != end_id]))
+                        envs[i].step(tok.decode([t for t in toks if t not in (end_id, eos_id)]))
                 for e, n in zip(envs, ntok):
                     ep = e.finish(); ep.gen_tokens = n; ep.reward_parts = episode_reward(ep, n, reward_cfg); out.append(ep)
             finally:
