@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Callable
 
-from .chat import END, Message, ToolCall, encode_chat, parse_assistant, render
+from .chat import END, EOS, Message, ToolCall, encode_chat, parse_assistant, render
+from .tools import defuse
 from .config import ConfigError, check, load_section, write_json, write_resolved
 from .tasks import (CATEGORIES as HARNESS_CATEGORIES, Task, TaskEnv, TaskError, grade_env, tree_files,
                              unified_diff, validate_task)
@@ -18,7 +19,8 @@ from .tasks import (CATEGORIES as HARNESS_CATEGORIES, Task, TaskEnv, TaskError, 
 __all__ = ['CATEGORIES', 'MODULES', 'HELPERS', 'APPS', 'VERBS', 'NOUNS', 'OPS', 'OP_SWAPS', 'ARGS', 'HELDOUT_MOD', 'CI_SCRIPT',
            'CI_BREAKS', 'GENERATORS', 'SYSTEM_SHORT', 'Fn', 'module_text', 'params_hash', 'split_of', 'gen_debug',
            'gen_feature', 'gen_refactor', 'gen_docs', 'gen_tests', 'gen_devops', 'make_tasks', 'initial_messages',
-           'Episode', 'AgentEnv', 'play', 'expert_calls', 'expert_episode']
+           'Episode', 'AgentEnv', 'play', 'expert_calls', 'expert_episode', 'rollout', 'success_stats',
+           'AgentSFTConfig', 'expert_transcripts', 'encode_transcripts', 'stage']
 
 # %% ../nbs/40_curriculum.ipynb #c006
 CATEGORIES = list(HARNESS_CATEGORIES)
@@ -424,10 +426,11 @@ def make_tasks(n: int, seed: int = 0, split: str = 'train', categories=None, har
             level = 'hard' if rng.random() < hard_fraction else 'easy'
             params, build = GENERATORS[cat](rng, level)
             h = params_hash(params)
-            if split_of(params) == split and h not in seen: break
+            if split_of(params) != split or h in seen: continue
+            try: t = build(); break
+            except TaskError: continue   # e.g. two functions with the same body line: no unique edit anchor
         else: raise TaskError(f"could not draw a new {cat} task for split {split!r}")
         seen.add(h)
-        t = build()
         if validate:
             v, rep = validate_task(t, backend=backend, runs=runs)
             if v is None: raise TaskError(f"curriculum task {t.id} ({cat}/{level}) failed validation: {rep['reasons']}")
@@ -462,6 +465,8 @@ class Episode:
     tool_errors: int
     grade: dict = field(default_factory=dict)
     truncated: bool = False
+    gen_tokens: int = 0                                       # set by `rollout`
+    reward_parts: dict = field(default_factory=dict)          # set by `rollout`: `composer2.rewards.total_reward`
     @property
     def reward(self) -> float: return 1.0 if self.resolved else 0.0
     def summary(self) -> dict:
@@ -487,7 +492,8 @@ class AgentEnv:
         text = text.split(END, 1)[0]
         self.texts.append(text)
         p = parse_assistant(text)
-        new = [Message('assistant', p.content, p.calls, p.summary)]
+        # a model may emit reserved tokens (`<|user|>`...) inside its text: defuse them so the transcript still renders
+        new = [Message('assistant', defuse(p.content), p.calls, None if p.summary is None else defuse(p.summary))]
         obs = self.tb.execute_text(text)
         for o in obs:
             self.n_calls += 1; self.n_err += not o.ok
@@ -536,3 +542,154 @@ def expert_episode(task: Task, backend: str = 'sandbox', limits=None, system: st
     todo = [c.render() for c in expert_calls(task)]
     ep = play(task, lambda msgs: todo.pop(0), max_turns=len(todo), backend=backend, limits=limits, system=system, grade=grade)
     return (ep.messages, ep) if return_episode else ep.messages
+
+# %% ../nbs/40_curriculum.ipynb #c035
+def rollout(model, tok, tasks: list[Task], temperature: float = 1.0, max_turns: int = 8, max_new_tokens: int = 192,
+            seed: int = 0, backend: str = 'sandbox', reward_cfg=None, batch_size: int = 32, max_len: int | None = None) -> list[Episode]:
+    "Run `model` as an agent on `tasks` (batched generation per turn); graded episodes with rewards."
+    import torch
+    from composer2.model import generate
+    from composer2.rewards import RewardConfig, episode_reward
+    reward_cfg = reward_cfg or RewardConfig()
+    end_id, eos_id, asst = tok.token_id(END), tok.token_id(EOS), tok.encode('<|assistant|>')
+    max_len = max_len or model.cfg.max_seq_len
+    g = torch.Generator().manual_seed(seed)
+    out: list[Episode] = []
+    was = model.training; model.eval()
+    try:
+        for b0 in range(0, len(tasks), batch_size):
+            envs = [AgentEnv(t, backend, max_turns=max_turns) for t in tasks[b0:b0 + batch_size]]
+            ntok = [0] * len(envs)
+            try:
+                while True:
+                    live, prompts = [], []
+                    for i, e in enumerate(envs):
+                        if e.done: continue
+                        ids = encode_chat(tok, e.messages)[0] + asst
+                        if len(ids) + max_new_tokens > max_len: e.stop(); continue
+                        live.append(i); prompts.append(ids)
+                    if not live: break
+                    gen = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, generator=g,
+                                   stop_ids=(end_id, eos_id))
+                    for i, toks in zip(live, gen.tokens):
+                        ntok[i] += len(toks)
+                        envs[i].step(tok.decode([t for t in toks if t not in (end_id, eos_id)]))
+                for e, n in zip(envs, ntok):
+                    ep = e.finish(); ep.gen_tokens = n; ep.reward_parts = episode_reward(ep, n, reward_cfg); out.append(ep)
+            finally:
+                for e in envs: e.close()
+    finally: model.train(was)
+    return out
+
+def success_stats(eps: list[Episode]) -> dict:
+    "Resolved rate with its standard error, mean reward, and breakdowns by category and level."
+    n = len(eps)
+    if n == 0: return {'n': 0}
+    p = sum(e.resolved for e in eps) / n
+    rw = [getattr(e, 'reward_parts', {}).get('total', e.reward) for e in eps]
+    mr = sum(rw) / n; sd = (sum((r - mr) ** 2 for r in rw) / max(1, n - 1)) ** 0.5
+    by = lambda key: {k: round(sum(e.resolved for e in eps if getattr(e, key) == k) / max(1, sum(getattr(e, key) == k for e in eps)), 4)
+                      for k in sorted({getattr(e, key) for e in eps})}
+    return {'n': n, 'success_rate': p, 'stderr': (p * (1 - p) / n) ** 0.5, 'mean_reward': mr, 'reward_stderr': sd / n ** 0.5,
+            'by_category': by('category'), 'by_level': by('level'), 'submitted': sum(e.submitted for e in eps) / n,
+            'mean_turns': sum(e.turns for e in eps) / n, 'tool_error_rate': sum(e.tool_errors for e in eps) / max(1, sum(e.tool_calls for e in eps)),
+            'mean_gen_tokens': sum(getattr(e, 'gen_tokens', 0) for e in eps) / n}
+
+# %% ../nbs/40_curriculum.ipynb #c037
+from .train import TrainConfig
+
+@dataclass
+class AgentSFTConfig:
+    init: str = 'data/sft/ckpt'
+    out_dir: str = 'data/agent_sft'
+    tokenizer: str = 'data/tokenizer'
+    n_train: int = 1200
+    n_heldout: int = 96
+    seed: int = 0
+    hard_fraction: float = 0.5
+    categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
+    backend: str = 'sandbox'
+    workers: int = 4                 # threads building expert transcripts
+    validate_heldout: bool = True    # run the harness's validate_task on every held-out task
+    max_turns: int = 8
+    max_new_tokens: int = 192
+    temperature: float = 1.0
+    eval_samples: int = 1            # sampled episodes per held-out task
+    eval_greedy: bool = True
+    eval_init: bool = False          # also evaluate the init checkpoint (greedy) for a before/after comparison
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=120, batch_size=8, seq_len=1024, lr=1e-3,
+                                                                   warmup_steps=10, eval_every=40, schedule='cosine'))
+    def __post_init__(self):
+        check(self.n_train >= 1 and self.n_heldout >= 1, "agent_sft: n_train and n_heldout must be >= 1")
+        bad = [c for c in self.categories if c not in CATEGORIES]
+        check(not bad, f"agent_sft: unknown categories {bad}; categories: {', '.join(CATEGORIES)}")
+        check(0 <= self.hard_fraction <= 1, "agent_sft: hard_fraction must be in [0, 1]")
+        check(self.backend in ('sandbox', 'local'), f"agent_sft: backend must be 'sandbox' or 'local', got {self.backend!r}")
+        check(self.workers >= 1 and self.max_turns >= 1 and self.max_new_tokens >= 1 and self.eval_samples >= 0,
+              "agent_sft: workers, max_turns, max_new_tokens must be >= 1 and eval_samples >= 0")
+        check(self.temperature > 0, f"agent_sft: temperature must be > 0 (greedy is eval_greedy), got {self.temperature}")
+
+def expert_transcripts(tasks: list[Task], backend: str = 'sandbox', workers: int = 4) -> list[list[Message]]:
+    "The expert's transcripts of `tasks` (ungraded), built in `workers` threads."
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(lambda t: expert_episode(t, backend, grade=False), tasks))
+
+def encode_transcripts(tok, transcripts: list[list[Message]], max_len: int) -> tuple[list, dict]:
+    "(ids, mask) pairs for training (loss on assistant turns), cut to `max_len` tokens; and length statistics."
+    ex = [encode_chat(tok, m) for m in transcripts]
+    lens = sorted(len(i) for i, _ in ex)
+    q = lambda f: lens[min(len(lens) - 1, int(f * len(lens)))]
+    stats = {'n': len(ex), 'truncated': sum(l > max_len for l in lens), 'max_len': max_len, 'mean': sum(lens) / len(lens),
+             'min': lens[0], 'p10': q(0.1), 'p50': q(0.5), 'p90': q(0.9), 'p99': q(0.99), 'max': lens[-1],
+             'assistant_fraction': sum(sum(m) for _, m in ex) / sum(lens),
+             'histogram': {str(b): sum(b <= l < b + 64 for l in lens) for b in range(0, lens[-1] + 1, 64)}}
+    return [(i[:max_len], m[:max_len]) for i, m in ex], stats
+
+def stage(params: str = 'params.yaml') -> dict:
+    import torch
+    from composer2.sft import SFTSampler, completion_loss
+    from composer2.tasks import save_tasks
+    from composer2.tokenizer import Tokenizer
+    from composer2.train import load_model, train
+    cfg = load_section(AgentSFTConfig, 'agent_sft', params)
+    t0 = time.time()
+    if cfg.train.threads: torch.set_num_threads(cfg.train.threads)
+    tok = Tokenizer.load(cfg.tokenizer)
+    model, meta = load_model(cfg.init)
+    L = min(cfg.train.seq_len, model.cfg.max_seq_len) + 1
+    out = Path(cfg.out_dir); out.mkdir(parents=True, exist_ok=True)
+    write_resolved(cfg.out_dir, agent_sft=cfg)
+    train_tasks = make_tasks(cfg.n_train, cfg.seed, 'train', cfg.categories, cfg.hard_fraction)
+    held = make_tasks(cfg.n_heldout, cfg.seed, 'heldout', cfg.categories, cfg.hard_fraction,
+                      validate=cfg.validate_heldout, backend=cfg.backend)
+    save_tasks(held, out / 'heldout_tasks.jsonl')
+    t1 = time.time()
+    train_ex, stats = encode_transcripts(tok, expert_transcripts(train_tasks, cfg.backend, cfg.workers), L)
+    held_ex, _ = encode_transcripts(tok, expert_transcripts(held[:32], cfg.backend, cfg.workers), L)
+    t2 = time.time()
+    metrics = {'init': cfg.init, 'n_trajectories': len(train_ex), 'n_heldout_tasks': len(held), 'token_stats': stats,
+               'expert_s': t2 - t1, 'tasks_s': t1 - t0}
+    if cfg.eval_init:
+        metrics['heldout_init_greedy'] = success_stats(rollout(model, tok, held, 0.0, cfg.max_turns, cfg.max_new_tokens, cfg.seed, cfg.backend))
+    metrics['heldout_loss_before'] = completion_loss(model, held_ex)
+    hist = train(model, cfg.train, SFTSampler(train_ex, cfg.train.batch_size, tok.pad_id, cfg.train.seed), cfg.out_dir,
+                 stage='agent_sft', eval_fn=lambda m: {'heldout_completion_loss': completion_loss(m, held_ex)},
+                 live_dir='reports/live/agent_sft', meta={'init': cfg.init})
+    metrics.update(first_loss=hist['loss'][0], final_loss=hist['loss'][-1], heldout_loss_after=hist['eval'][-1]['heldout_completion_loss'],
+                   train_tokens_per_s=hist['tokens_per_s'], train_s=hist['wall_s'], epochs=cfg.train.steps * cfg.train.batch_size / len(train_ex),
+                   eval_curve=hist['eval'])
+    t3 = time.time()
+    eps = []
+    for k in range(cfg.eval_samples):
+        eps += rollout(model, tok, held, cfg.temperature, cfg.max_turns, cfg.max_new_tokens, cfg.seed + k, cfg.backend)
+    if eps: metrics['heldout_sampled'] = {'temperature': cfg.temperature, 'samples_per_task': cfg.eval_samples, **success_stats(eps)}
+    greedy = rollout(model, tok, held, 0.0, cfg.max_turns, cfg.max_new_tokens, cfg.seed, cfg.backend) if cfg.eval_greedy else []
+    if greedy: metrics['heldout_greedy'] = success_stats(greedy)
+    metrics['eval_s'] = time.time() - t3
+    with open(out / 'heldout_episodes.jsonl', 'w') as f:
+        for mode, e in [('sampled', e) for e in eps] + [('greedy', e) for e in greedy]:
+            f.write(json.dumps({'mode': mode, **e.summary(), 'texts': e.texts}) + '\n')
+    metrics['wall_s'] = time.time() - t0
+    write_json('reports/metrics/agent_sft.json', metrics)
+    return metrics

@@ -26,8 +26,8 @@ __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'TRANSPORTS', 'Segment', 'Trajectory',
            'RolloutConfig', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup', 'segment_batch', 'token_logprobs',
            'group_advantages', 'pg_loss', 'mismatch', 'LossConfig', 'Learner', 'EpochSampler', 'WorkerSpec',
            'tokenizer_from_json', 'build_rollout_model', 'rollout_groups', 'LocalTransport', 'RayTransport', 'RLConfig',
-           'measure_mismatch', 'run_rl', 'harness_env_factory', 'curriculum_system', 'reward_config', 'stage_agent_sft',
-           'RLStageConfig', 'stage_rl', 'EvalRLConfig', 'heldout_summary', 'paired_difference', 'stage_eval_rl']
+           'measure_mismatch', 'run_rl', 'harness_env_factory', 'curriculum_system', 'reward_config', 'RLStageConfig',
+           'stage_rl', 'EvalRLConfig', 'heldout_summary', 'paired_difference', 'stage_eval_rl']
 
 # %% ../nbs/42_rl.ipynb #c005
 NO_ROUTE = 255
@@ -889,14 +889,6 @@ def reward_config(d: dict):
     try: from composer2.rewards import RewardConfig
     except ImportError: return None
     return from_dict(RewardConfig, d, 'reward') if d else RewardConfig()
-
-def stage_agent_sft(params: str = 'params.yaml') -> dict:
-    "The agent-trajectory SFT stage lives with the curriculum; this name keeps `composer2.cli.STAGES` stable."
-    C = _curriculum()
-    for name in ('stage_agent_sft', 'stage'):
-        f = getattr(C, name, None)
-        if f is not None: return f(params)
-    raise ConfigError('composer2.curriculum has no agent_sft stage function')
 
 @dataclass
 class RLStageConfig(RLConfig):
