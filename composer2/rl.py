@@ -982,8 +982,8 @@ def heldout_summary(res) -> dict:
 def paired_difference(a: list[float], b: list[float]) -> dict:
     "Mean of b - a over the same tasks and its standard error."
     d = np.asarray(b) - np.asarray(a)
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float('nan')
-    return {'diff': float(d.mean()), 'stderr': se, 'z': float(d.mean() / se) if se > 0 else float('inf') * np.sign(d.mean())}
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None
+    return {'diff': float(d.mean()), 'stderr': se, 'z': float(d.mean() / se) if se else None}   # None: undefined (JSON has no NaN)
 
 def stage_eval_rl(params: str = 'params.yaml') -> dict:
     from composer2.tokenizer import Tokenizer
@@ -1020,7 +1020,7 @@ def stage_eval_rl(params: str = 'params.yaml') -> dict:
     m = {'heldout_reward': {n: {'mean': s['mean'], 'stderr': s['stderr']} for n, s in summ.items()},
          'best_of_k': {n: s['best_of_k'] for n, s in summ.items()}, 'k': cfg.k, 'n_heldout': len(tasks),
          'difference': diff, 'difference_best_of_k': diff_best,
-         'improved': bool(diff['diff'] > 2 * diff['stderr']), 'best_of_k_improved': bool(diff_best['diff'] > 0),
+         'improved': bool(diff['stderr'] is not None and diff['diff'] > 2 * diff['stderr']), 'best_of_k_improved': bool(diff_best['diff'] > 0),
          'mismatch_k3': {n: mm[n]['k3'] for n in mm}, 'mismatch_abs_dlogp': {n: mm[n]['abs_dlogp'] for n in mm},
          'mismatch_tokens': mm['replay']['n'], 'rollout_dtype': cfg.rollout.dtype,
          'resolved': {n: s['resolved'] for n, s in summ.items()},
