@@ -355,7 +355,7 @@ def segment_batch(segs: list[Segment], n_moe_layers: int, top_k: int):
     for i, s in enumerate(segs):
         n = len(s.ids) - 1; lens[i] = n
         x[i, :n] = torch.from_numpy(s.ids[:-1].astype(np.int64)); y[i, :n] = torch.from_numpy(s.ids[1:].astype(np.int64))
-        m[i, :n] = torch.from_numpy(s.mask[1:].astype(np.float32)); bl[i, :n] = torch.from_numpy(s.blogp[1:])
+        m[i, :n] = torch.from_numpy(s.mask[1:].astype(np.float32)); bl[i, :n] = torch.from_numpy(np.array(s.blogp[1:], np.float32))
         ver[i, :n] = torch.from_numpy(s.version[1:].astype(np.int64))
         r = torch.from_numpy(s.routes[:, :n].astype(np.int64))
         if bool((r == NO_ROUTE).any()): raise ValueError('a segment is missing recorded routes for some of its input tokens')
