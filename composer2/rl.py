@@ -938,6 +938,7 @@ class EvalRLConfig:
     tokenizer: str = 'data/tokenizer'
     out_dir: str = 'data/eval_rl'
     n_heldout: int = 48
+    heldout_file: str = 'data/agent_sft/heldout_tasks.jsonl'   # the agent_sft stage's validated held-out set ('' or missing: generate)
     task_seed: int = 1
     k: int = 4
     groups_per_batch: int = 8
@@ -995,7 +996,12 @@ def stage_eval_rl(params: str = 'params.yaml') -> dict:
         if not (root / p / 'meta.json').exists(): raise FileNotFoundError(f'eval_rl: {p} is not a checkpoint')
     tok = Tokenizer.load(root / cfg.tokenizer)
     C = _curriculum()
-    tasks = C.make_tasks(cfg.n_heldout, cfg.task_seed, split='heldout')
+    hf = root / cfg.heldout_file if cfg.heldout_file else None
+    if hf is not None and hf.exists():
+        from composer2.tasks import load_tasks
+        tasks, source = load_tasks(hf)[:cfg.n_heldout], str(cfg.heldout_file)
+    else: tasks, source = C.make_tasks(cfg.n_heldout, cfg.task_seed, split='heldout'), f'make_tasks(seed={cfg.task_seed})'
+    if len(tasks) < 2: raise ConfigError(f'eval_rl: only {len(tasks)} held-out tasks in {source}')
     system = curriculum_system()
     jobs = [{'task': t, 'system': system, 'prompt_id': t.id, 'group_id': i, 'group_size': cfg.k} for i, t in enumerate(tasks)]
     fac = functools.partial(harness_env_factory, backend=cfg.env_backend, max_turns=cfg.rollout.max_turns,
@@ -1018,7 +1024,7 @@ def stage_eval_rl(params: str = 'params.yaml') -> dict:
     (out / 'samples.jsonl').write_text(''.join(json.dumps(s) + '\n' for s in samples))
     write_resolved(out, eval_rl=cfg)
     m = {'heldout_reward': {n: {'mean': s['mean'], 'stderr': s['stderr']} for n, s in summ.items()},
-         'best_of_k': {n: s['best_of_k'] for n, s in summ.items()}, 'k': cfg.k, 'n_heldout': len(tasks),
+         'best_of_k': {n: s['best_of_k'] for n, s in summ.items()}, 'k': cfg.k, 'n_heldout': len(tasks), 'heldout_source': source,
          'difference': diff, 'difference_best_of_k': diff_best,
          'improved': bool(diff['stderr'] is not None and diff['diff'] > 2 * diff['stderr']), 'best_of_k_improved': bool(diff_best['diff'] > 0),
          'mismatch_k3': {n: mm[n]['k3'] for n in mm}, 'mismatch_abs_dlogp': {n: mm[n]['abs_dlogp'] for n in mm},
