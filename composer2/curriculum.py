@@ -611,7 +611,7 @@ class AgentSFTConfig:
     backend: str = 'sandbox'
     workers: int = 4                 # threads building expert transcripts
     validate_heldout: bool = True    # run the harness's validate_task on every held-out task
-    max_turns: int = 8
+    max_turns: int = 6               # the expert needs at most 4
     max_new_tokens: int = 192
     temperature: float = 1.0
     eval_samples: int = 1            # sampled episodes per held-out task
