@@ -1014,6 +1014,16 @@ def stage_eval_rl(params: str = 'params.yaml') -> dict:
     mm = measure_mismatch(models['rl'], groups, 0)
     diff = paired_difference(summ['agent_sft']['per_task_mean'], summ['rl']['per_task_mean'])
     diff_best = paired_difference(summ['agent_sft']['per_task_best'], summ['rl']['per_task_best'])
+    # A higher mean reward is only an improvement if the policy still does the work: a policy that learned to stop at
+    # once (and so escapes the behaviour and length penalties) raises the mean reward while resolving nothing.
+    sig = bool(diff['stderr'] is not None and diff['diff'] > 2 * diff['stderr'])
+    g_sft, g_rl = summ['agent_sft']['gen_tokens_mean'], summ['rl']['gen_tokens_mean']
+    collapsed = bool(g_rl < max(4.0, 0.1 * g_sft))
+    improved = sig and not collapsed and summ['rl']['resolved'] >= summ['agent_sft']['resolved']
+    verdict = ('improved' if improved else
+               f'collapsed: the RL policy generates {g_rl:.1f} tokens per episode against {g_sft:.1f} (reward hacking of the penalties)'
+               if collapsed else 'no significant improvement' if not sig else
+               'mean reward up but fewer tasks resolved')
     bench = {}
     if cfg.bench_tasks:
         bench = _real_bench(cfg, root, tok, {n: root / p for n, p in (('agent_sft', cfg.sft_ckpt), ('rl', cfg.rl_ckpt))})
@@ -1026,7 +1036,8 @@ def stage_eval_rl(params: str = 'params.yaml') -> dict:
     m = {'heldout_reward': {n: {'mean': s['mean'], 'stderr': s['stderr']} for n, s in summ.items()},
          'best_of_k': {n: s['best_of_k'] for n, s in summ.items()}, 'k': cfg.k, 'n_heldout': len(tasks), 'heldout_source': source,
          'difference': diff, 'difference_best_of_k': diff_best,
-         'improved': bool(diff['stderr'] is not None and diff['diff'] > 2 * diff['stderr']), 'best_of_k_improved': bool(diff_best['diff'] > 0),
+         'reward_diff_significant': sig, 'collapsed': collapsed, 'improved': improved, 'verdict': verdict,
+         'best_of_k_improved': bool(diff_best['diff'] > 0),
          'mismatch_k3': {n: mm[n]['k3'] for n in mm}, 'mismatch_abs_dlogp': {n: mm[n]['abs_dlogp'] for n in mm},
          'mismatch_tokens': mm['replay']['n'], 'rollout_dtype': cfg.rollout.dtype,
          'resolved': {n: s['resolved'] for n, s in summ.items()},

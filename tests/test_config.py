@@ -9,9 +9,22 @@ from composer2.pretrain import PretrainConfig
 from composer2.sft import SFTConfig
 from composer2.evaluate import EvalConfig
 from composer2.tokenizer import TokenizerConfig
+from composer2.parallel import CPPretrainConfig
+from composer2.mtp import MTPStageConfig
+from composer2.lowp import LowpStageConfig
+from composer2.tasks import TasksConfig
+from composer2.bench import BenchConfig
+from composer2.curriculum import AgentSFTConfig
+from composer2.rl import RLStageConfig, EvalRLConfig
 
+# Every params.yaml section and the dataclass its stage loads it with (long_context may carry cp_size).
 SECTIONS = {'data': DataConfig, 'tokenizer': TokenizerConfig, 'model': ModelConfig, 'base': PretrainConfig,
-            'cpt': PretrainConfig, 'long_context': PretrainConfig, 'sft': SFTConfig, 'eval': EvalConfig}
+            'cpt': PretrainConfig, 'long_context': CPPretrainConfig, 'sft': SFTConfig, 'eval': EvalConfig,
+            'mtp': MTPStageConfig, 'lowp': LowpStageConfig, 'tasks': TasksConfig, 'bench': BenchConfig,
+            'agent_sft': AgentSFTConfig, 'rl': RLStageConfig, 'eval_rl': EvalRLConfig}
+
+def test_every_section_has_a_config():
+    assert set(read_yaml(ROOT / 'params.yaml')) == set(SECTIONS)
 
 @pytest.mark.parametrize('profile', ['default', 'smoke', 'gpu'])
 def test_every_profile_validates(profile):
