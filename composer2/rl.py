@@ -408,15 +408,22 @@ class LossConfig:
     router_replay: bool = True
     weight_decay: float = 0.0
     micro_segments: int = 16      # segments per forward/backward chunk
+    warmup_steps: int = 0         # linear learning-rate warmup over the first optimiser steps (0: none)
     def __post_init__(self):
         check(self.lr > 0 and self.const > 0, 'rl.loss: lr and const must be > 0')
         check(self.is_cap >= 1, f'rl.loss.is_cap must be >= 1, got {self.is_cap}')
         check(0 < self.icepop_low < 1 < self.icepop_high, 'rl.loss: need 0 < icepop_low < 1 < icepop_high')
+        check(self.warmup_steps >= 0, f'rl.loss.warmup_steps must be >= 0, got {self.warmup_steps}')
 
 class Learner:
     def __init__(self, model: Transformer, cfg: LossConfig, version: int = 0):
         self.model, self.cfg, self.version = model.float().train(), cfg, version
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
+
+    def lr_at(self, version: int) -> float:
+        "The learning rate of the optimiser step that makes `version + 1`: linear warmup, then constant."
+        w = self.cfg.warmup_steps
+        return self.cfg.lr * (min(1.0, (version + 1) / w) if w else 1.0)
 
     def step(self, groups: list[list[Trajectory]]) -> dict:
         mc, cfg = self.model.cfg, self.cfg
@@ -440,9 +447,11 @@ class Learner:
             mm['k3'] += (torch.exp(d) - 1 - d).tolist(); mm['abs'] += d.abs().tolist()
             stale += (self.version - b['version'][b['mask'].bool()]).tolist()
         gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        lr = self.lr_at(self.version)
+        for g in self.opt.param_groups: g['lr'] = lr
         self.opt.step(); self.version += 1
         rewards = [t.reward for g in groups for t in g]
-        return {'loss': tot, 'grad_norm': gn, 'tokens': n_tok, 'segments': len(segs),
+        return {'loss': tot, 'grad_norm': gn, 'lr': lr, 'tokens': n_tok, 'segments': len(segs),
                 **{k: v / max(1, n_tok) for k, v in stats.items()},
                 'mismatch_k3_same_version': float(np.mean(mm['k3'])) if mm['k3'] else None,
                 'abs_dlogp_same_version': float(np.mean(mm['abs'])) if mm['abs'] else None,
@@ -527,8 +536,14 @@ def _worker_main(wid: int, spec: WorkerSpec, weights, job_q, res_q):
         if got is None: time.sleep(0.01); continue
         version, st = got; load_state_into(model, st)
     gen = torch.Generator().manual_seed(spec.seed * 7919 + wid * 104729 + os.getpid())
+    import multiprocessing
+    parent = multiprocessing.parent_process()
     while True:
-        job = job_q.get()
+        try: job = job_q.get(timeout=1.0)
+        except queue.Empty:
+            # An orphan (the trainer was killed without closing us) exits instead of waiting for ever.
+            if parent is not None and not parent.is_alive(): return
+            continue
         if job is None: return
         jobs = [job]
         while len(jobs) < spec.groups_per_batch:

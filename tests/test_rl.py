@@ -227,3 +227,42 @@ def test_ray_backend_runs_workers_as_actors(setup, tmp_path):
         assert len(h['steps']) == 2 and sum(h['staleness']) > 0 and len(h['staleness']) <= 2
     finally:
         ray.shutdown()
+
+
+def _orphaning_trainer(tok_json, q):
+    "Start a local transport, report the worker pids, then die without closing it (as SIGKILL on the trainer would)."
+    torch.set_num_threads(1)
+    _, _, model = R.tiny_setup(seed=0)
+    spec = R.WorkerSpec(R.to_dict(model.cfg), tok_json, _rc(), R.toy_env_factory, 1, 1, 0)
+    tr = R.LocalTransport(); tr.start(spec, 2, R.publishable_state(model), 0)
+    q.put([p.pid for p in tr.procs])
+    time.sleep(1.0)
+    os._exit(0)
+
+
+def _alive(pid):
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    try:                                            # a zombie is dead for our purpose
+        return Path(f'/proc/{pid}/status').read_text().split('State:')[1].split()[0] != 'Z'
+    except (FileNotFoundError, IndexError): return False
+
+
+@pytest.mark.slow
+def test_rollout_workers_exit_when_the_trainer_dies(setup):
+    tok, codec, model = setup
+    ctx = pymp.get_context('spawn'); q = ctx.Queue()
+    p = ctx.Process(target=_orphaning_trainer, args=(tok.hf.to_str(), q)); p.start()
+    pids = q.get(timeout=120); p.join(30)
+    assert p.exitcode == 0 and len(pids) == 2
+    t0 = time.time()
+    while any(_alive(w) for w in pids) and time.time() - t0 < 60: time.sleep(0.2)
+    assert not any(_alive(w) for w in pids), 'orphaned rollout workers outlived their trainer'
+
+
+def test_learning_rate_warmup(setup):
+    tok, codec, model = setup
+    L = R.Learner(copy.deepcopy(model), R.LossConfig(lr=1e-3, warmup_steps=4))
+    assert [L.lr_at(v) for v in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert R.Learner(copy.deepcopy(model), R.LossConfig(lr=1e-3)).lr_at(0) == 1e-3
+    with pytest.raises(Exception, match='warmup_steps'): R.LossConfig(warmup_steps=-1)
