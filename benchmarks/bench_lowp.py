@@ -6,8 +6,10 @@ rounding) in GB/s of fp32 input read, as a fraction of `dst.copy_(src)` of the s
 input: the bandwidth a fused one-pass quantizer could at best reach). The reference is a chain of torch elementwise
 ops, so expect a small fraction; the CUDA kernels are the fused path.
 GPU (skipped without CUDA + cupy): composer2.kernels quantize GB/s as a fraction of a device-to-device copy (goal
->= 0.8), and grouped-GEMM TFLOP/s (fp32 SIMT and NVFP4-operand kernels) against one torch bf16 matmul of the same
-total FLOPs."""
+>= 0.8), and grouped-GEMM TFLOP/s against torch bf16 matmul in the same run (one GEMM of the same total FLOPs, and
+one matmul per expert of the same grouped shapes): the fp32 SIMT and NVFP4-operand SIMT kernels (including their
+quantisation), then on pre-quantised operands the NVFP4 SIMT kernel and, on sm_80+, the bf16 tensor-core NVFP4 and
+MXFP8 kernels (grouped_gemm_tc.cu; dequantise code x block scale to bf16 in shared memory, fp32 accumulation)."""
 import argparse, sys
 import torch
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
@@ -70,4 +72,19 @@ print(f"grouped GEMM, {E} experts x {N // E} rows, {d} -> {h}: torch bf16 matmul
 for name, fn in {'grouped_gemm fp32 (SIMT)': lambda: KN.grouped_gemm(xs, w, counts),
                  'nvfp4_grouped_gemm (dequant in tile)': lambda: KN.nvfp4_grouped_gemm(xs, w, counts)}.items():
     t = best_time(fn, repeat=5)
+    print(f"  {name:38s} {flops / t / 1e12:6.2f} TFLOP/s = {t_bf16 / t:.3f} x bf16 matmul")
+
+a16s, w16 = xs.bfloat16(), w.bfloat16()
+offs = [sum(counts[:e]) for e in range(E)]
+t_bf16g = best_time(lambda: [a16s[o:o + n] @ w16[e].t() for e, (o, n) in enumerate(zip(offs, counts))], repeat=10)
+print(f"  {'torch bf16, one matmul per expert':38s} {flops / t_bf16g / 1e12:6.2f} TFLOP/s = {t_bf16 / t_bf16g:.3f} x bf16 matmul")
+xq, wq = KN.nvfp4_quantize(xs, 'row'), KN.quantize_experts_nvfp4(w)
+cases = {'nvfp4 SIMT (operands pre-quantised)': lambda: KN.nvfp4_grouped_gemm_q(xq, wq, counts, tensor_cores=False)}
+if torch.cuda.get_device_capability() >= KN.TC_MIN_CAPABILITY:
+    mq, mw = KN.mxfp8_quantize(xs, 'e4m3'), KN.mxfp8_quantize(w, 'e4m3')
+    cases['nvfp4 tensor cores (pre-quantised)'] = lambda: KN.nvfp4_grouped_gemm_q(xq, wq, counts, tensor_cores=True)
+    cases['mxfp8 e4m3 tensor cores (pre-quantised)'] = lambda: KN.mxfp8_grouped_gemm_q(mq, mw, counts, tensor_cores=True)
+else: print(f"  tensor-core grouped GEMMs need sm_80+; this device is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
+for name, fn in cases.items():
+    t = best_time(fn, repeat=10)
     print(f"  {name:38s} {flops / t / 1e12:6.2f} TFLOP/s = {t_bf16 / t:.3f} x bf16 matmul")

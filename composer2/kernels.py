@@ -13,14 +13,16 @@ import torch
 from . import quant as Q
 
 # %% auto #0
-__all__ = ['KERNEL_FILES', 'BLACKWELL_ONLY', 'kernels_dir', 'kernel_source', 'cuda_available', 'get_module', 'launch',
-           'nvfp4_quantize', 'nvfp4_dequantize', 'nvfp4_fake_quant', 'mxfp8_quantize', 'mxfp8_dequantize',
-           'mxfp8_fake_quant', 'grouped_gemm', 'quantize_experts_nvfp4', 'nvfp4_grouped_gemm', 'build_host_emulation',
-           'emulate_nvfp4', 'emulate_nvfp4_dequantize', 'emulate_mxfp8', 'emulate_mxfp8_dequantize']
+__all__ = ['KERNEL_FILES', 'BLACKWELL_ONLY', 'TC_MIN_CAPABILITY', 'kernels_dir', 'kernel_source', 'cuda_available', 'get_module',
+           'launch', 'nvfp4_quantize', 'nvfp4_dequantize', 'nvfp4_fake_quant', 'mxfp8_quantize', 'mxfp8_dequantize',
+           'mxfp8_fake_quant', 'grouped_gemm', 'quantize_experts_nvfp4', 'nvfp4_grouped_gemm_q', 'nvfp4_grouped_gemm',
+           'mxfp8_grouped_gemm_q', 'mxfp8_grouped_gemm', 'build_host_emulation', 'emulate_nvfp4',
+           'emulate_nvfp4_dequantize', 'emulate_mxfp8', 'emulate_mxfp8_dequantize', 'emulate_dequantize_bf16',
+           'emulate_grouped_gemm_tc']
 
 # %% ../nbs/22_kernels.ipynb #c006
-KERNEL_FILES = {'quant.cu': ('--fmad=false',), 'grouped_gemm.cu': ()}
-"Each CUDA source and its extra compile options (the quantizers must not contract into FMAs)."
+KERNEL_FILES = {'quant.cu': ('--fmad=false',), 'grouped_gemm.cu': (), 'grouped_gemm_tc.cu': ()}
+"Each CUDA source and its extra compile options (the quantizers must not contract into FMAs). `grouped_gemm_tc.cu` needs sm_80+."
 BLACKWELL_ONLY: set = set()
 "Sources that need sm_100a (none yet: every kernel here runs on sm_90)."
 
@@ -187,32 +189,157 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Tenso
     if tiles.shape[0]: launch('grouped_gemm.cu', 'grouped_gemm_f32', (_grid(O, 64), tiles.shape[0]), 256, a, b, tiles, _i32(O), _i32(K), out)
     return out
 
+TC_MIN_CAPABILITY = (8, 0)
+"bf16 `wmma` (the tensor-core grouped GEMMs in `grouped_gemm_tc.cu`) needs compute capability 8.0 or newer."
+
+def _counts(counts, E, N, who):
+    c = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
+    if len(c) != E: raise ValueError(f"{who}: counts has {len(c)} entries for {E} experts")
+    if any((not isinstance(n, int)) or isinstance(n, bool) or n < 0 for n in c): raise ValueError(f"{who}: counts must be non-negative integers, got {c}")
+    if sum(c) != N: raise ValueError(f"{who}: counts sum to {sum(c)} but the activations have {N} rows")
+    return c
+
+def _check_tc(tensor_cores, who):
+    if not (tensor_cores is None or isinstance(tensor_cores, bool)):
+        raise ValueError(f"{who}: tensor_cores must be None, True or False, got {tensor_cores!r}")
+
+def _use_tc(tensor_cores, device, who) -> bool:
+    "Resolve `tensor_cores` (None: automatic) for a CUDA device; True on a device below sm_80 is an error."
+    _check_tc(tensor_cores, who)
+    cap = torch.cuda.get_device_capability(device)
+    if tensor_cores and cap < TC_MIN_CAPABILITY:
+        raise RuntimeError(f"{who}: tensor_cores=True needs compute capability >= 8.0 (bf16 wmma); this device is sm_{cap[0]}{cap[1]}")
+    return cap >= TC_MIN_CAPABILITY if tensor_cores is None else tensor_cores
+
+def _aligned(t: torch.Tensor, n: int = 16) -> torch.Tensor:
+    "Contiguous and `n`-byte aligned (the kernels load packed codes 8 bytes at a time)."
+    t = t.contiguous()
+    return t if t.data_ptr() % n == 0 else t.clone()
+
+def _want(t, who, name, dtype, shape):
+    if not isinstance(t, torch.Tensor): raise ValueError(f"{who}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)): raise ValueError(f"{who}: {name} must be {dtype}, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape): raise ValueError(f"{who}: {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+
+def _same_device(who, *ts):
+    devs = {t.device for t in ts}
+    if len(devs) > 1: raise ValueError(f"{who}: operands are on different devices: {sorted(map(str, devs))}")
+
 def quantize_experts_nvfp4(w: torch.Tensor):
     "Per-expert tensor-scaled 16x16 NVFP4 of w [E, out, in]: (codes [E, out, Kp/2], scales [E, out, Kp/16], s_enc [E])."
     qs = [nvfp4_quantize(w[e], 'tensor', block2d=True) for e in range(w.shape[0])]
     return torch.stack([q.codes for q in qs]), torch.stack([q.scales for q in qs]), torch.stack([q.s_enc for q in qs])
 
-def nvfp4_grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Tensor:
-    "NVFP4 forward of the expert GEMMs (x row scaled, w per-expert 16x16 tiles), fp32 out."
+def _check_nvfp4_operands(xq, wq, who):
+    if not isinstance(xq, Q.NVFP4Tensor): raise ValueError(f"{who}: xq must be an NVFP4Tensor, got {type(xq).__name__}")
+    if xq.scale != 'row' or len(xq.shape) != 2: raise ValueError(f"{who}: xq must be row-scaled NVFP4 of shape [N, K], got scale={xq.scale!r}, shape {xq.shape}")
+    if not (isinstance(wq, (tuple, list)) and len(wq) == 3): raise ValueError(f"{who}: wq must be (codes, scales, s_enc) as quantize_experts_nvfp4 returns")
+    N, K = xq.shape; kp = -(-K // 16) * 16; bc, bs, be = wq
+    if not isinstance(bc, torch.Tensor) or bc.dim() != 3: raise ValueError(f"{who}: weight codes must be a [E, O, Kp/2] tensor")
+    E, O = bc.shape[0], bc.shape[1]
+    _want(xq.codes, who, 'xq.codes', torch.uint8, (N, kp // 2)); _want(xq.scales, who, 'xq.scales', torch.uint8, (N, kp // 16))
+    _want(xq.s_enc, who, 'xq.s_enc', torch.float32, (N,))
+    _want(bc, who, 'weight codes', torch.uint8, (E, O, kp // 2)); _want(bs, who, 'weight scales', torch.uint8, (E, O, kp // 16))
+    _want(be, who, 'weight s_enc', torch.float32, (E,))
+    _same_device(who, xq.codes, xq.scales, xq.s_enc, bc, bs, be)
+    return N, K, kp, E, O
+
+def _grouped_matmul(xd, wd, c):
+    "Reference: fp32 per-expert matmul of dequantised operands xd [N, K], wd(e) -> [O, K]."
+    out = None; o = 0
+    for e, n in enumerate(c):
+        if n:
+            we = wd(e); out = out if out is not None else torch.zeros(xd.shape[0], we.shape[0], dtype=torch.float32, device=xd.device)
+            out[o:o + n] = xd[o:o + n] @ we.t()
+        o += n
+    return out
+
+def nvfp4_grouped_gemm_q(xq: Q.NVFP4Tensor, wq, counts, tensor_cores: Optional[bool] = None) -> torch.Tensor:
+    """Grouped GEMM of already-quantised NVFP4 operands: `xq` row-scaled [N, K], `wq` = `quantize_experts_nvfp4(w)`.
+    CUDA: the bf16 tensor-core kernel (`tensor_cores=None` picks it on capability >= 8.0) or the fp32 SIMT one;
+    otherwise the reference (dequantise with `composer2.quant`, one fp32 matmul per expert). fp32 [N, O]."""
+    who = 'nvfp4_grouped_gemm_q'
+    N, K, kp, E, O = _check_nvfp4_operands(xq, wq, who)
+    c = _counts(counts, E, N, who)
+    bc, bs, be = wq
+    dev = xq.codes.device
+    if not _use_kernel(xq.codes):
+        _check_tc(tensor_cores, who)
+        out = _grouped_matmul(Q.dequantize_nvfp4(xq), lambda e: Q.dequantize_nvfp4(Q.NVFP4Tensor(bc[e], bs[e], be[e], (O, K), 'tensor', True)), c)
+        return out if out is not None else torch.zeros(N, O, dtype=torch.float32, device=dev)
+    tc = _use_tc(tensor_cores, dev, who)
+    out = torch.zeros(N, O, dtype=torch.float32, device=dev)
+    if N == 0 or O == 0: return out
+    tiles = _tiles(c, dev); T = tiles.shape[0]
+    if T > 65535: raise ValueError(f"{who}: {T} row tiles exceed the grid's y limit (65535)")
+    if tc:
+        launch('grouped_gemm_tc.cu', 'grouped_gemm_nvfp4_tc', (_grid(O, 64), T), 128, _aligned(xq.codes), xq.scales.contiguous(),
+               xq.s_enc.contiguous(), _aligned(bc), bs.contiguous(), be.contiguous(), tiles, _i32(O), _i32(kp), out)
+    else:
+        launch('grouped_gemm.cu', 'grouped_gemm_nvfp4', (_grid(O, 64), T), 256, xq.codes.contiguous(), xq.scales.contiguous(),
+               xq.s_enc.contiguous(), bc.contiguous(), bs.contiguous(), be.contiguous(), tiles, _i32(O), _i32(K), out)
+    return out
+
+def nvfp4_grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts, tensor_cores: Optional[bool] = None) -> torch.Tensor:
+    "NVFP4 forward of the expert GEMMs (x row scaled, w per-expert 16x16 tiles), fp32 out: quantise, then `nvfp4_grouped_gemm_q`."
     from composer2.lowp import _check_grouped
     c = _check_grouped(x_sorted, w, counts, 'nvfp4_grouped_gemm')
-    N, O, K = x_sorted.shape[0], w.shape[1], x_sorted.shape[1]
-    if not _use_kernel(x_sorted):
-        out = torch.zeros(N, O, dtype=torch.float32, device=x_sorted.device)
-        if N == 0: return out
-        xq, o = Q.fake_quant_nvfp4(x_sorted, 'row'), 0
-        for e, n in enumerate(c):
-            if n: out[o:o + n] = xq[o:o + n] @ Q.fake_quant_nvfp4(w[e], 'tensor', block2d=True).t()
-            o += n
-        return out
-    out = torch.zeros(N, O, dtype=torch.float32, device=x_sorted.device)
-    if N == 0: return out
-    xq = nvfp4_quantize(x_sorted, 'row')
-    bc, bs, be = quantize_experts_nvfp4(w)
-    tiles = _tiles(c, x_sorted.device)
-    launch('grouped_gemm.cu', 'grouped_gemm_nvfp4', (_grid(O, 64), tiles.shape[0]), 256, xq.codes, xq.scales,
-           xq.s_enc.contiguous(), bc.contiguous(), bs.contiguous(), be.contiguous(), tiles, _i32(O), _i32(K), out)
+    if x_sorted.shape[0] == 0:
+        _check_tc(tensor_cores, 'nvfp4_grouped_gemm')
+        return torch.zeros(0, w.shape[1], dtype=torch.float32, device=x_sorted.device)
+    return nvfp4_grouped_gemm_q(nvfp4_quantize(x_sorted, 'row'), quantize_experts_nvfp4(w), c, tensor_cores=tensor_cores)
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+def _check_mxfp8_operands(xq, wq, who):
+    for name, q, nd in (('xq', xq, 2), ('wq', wq, 3)):
+        if not isinstance(q, Q.MXFP8Tensor): raise ValueError(f"{who}: {name} must be an MXFP8Tensor, got {type(q).__name__}")
+        if len(q.shape) != nd: raise ValueError(f"{who}: {name} must have {nd} dims ({'[N, K]' if nd == 2 else '[E, O, K]'}), got shape {q.shape}")
+        if q.elem not in Q.MX_ELEMS or q.data.dtype != Q.MX_ELEMS[q.elem][0]:
+            raise ValueError(f"{who}: {name}.data is {q.data.dtype} but elem is {q.elem!r}")
+    (N, K), (E, O, Kw) = xq.shape, wq.shape
+    if Kw != K: raise ValueError(f"{who}: xq has {K} features but wq expects {Kw}")
+    kp = -(-K // 32) * 32
+    _want(xq.data, who, 'xq.data', _FP8, (N, kp)); _want(xq.scales, who, 'xq.scales', torch.uint8, (N, kp // 32))
+    _want(wq.data, who, 'wq.data', _FP8, (E, O, kp)); _want(wq.scales, who, 'wq.scales', torch.uint8, (E, O, kp // 32))
+    _same_device(who, xq.data, xq.scales, wq.data, wq.scales)
+    return N, K, kp, E, O
+
+def mxfp8_grouped_gemm_q(xq: Q.MXFP8Tensor, wq: Q.MXFP8Tensor, counts, tensor_cores: Optional[bool] = None) -> torch.Tensor:
+    """Grouped GEMM of MXFP8 operands, both blocked along K: `xq` [N, K], `wq` [E, O, K] (E4M3 or E5M2 each).
+    CUDA with capability >= 8.0: the bf16 tensor-core kernel. Otherwise (CPU, an older GPU, or `tensor_cores=False`:
+    there is no SIMT MXFP8 kernel) the reference on the operands' device: dequantise, one fp32 matmul per expert."""
+    who = 'mxfp8_grouped_gemm_q'
+    N, K, kp, E, O = _check_mxfp8_operands(xq, wq, who)
+    c = _counts(counts, E, N, who)
+    dev = xq.data.device
+    tc = _use_tc(tensor_cores, dev, who) if _use_kernel(xq.scales) else False
+    if not tc:
+        _check_tc(tensor_cores, who)
+        wd = Q.dequantize_mxfp8(wq) if E else None
+        out = _grouped_matmul(Q.dequantize_mxfp8(xq), lambda e: wd[e], c)
+        return out if out is not None else torch.zeros(N, O, dtype=torch.float32, device=dev)
+    out = torch.zeros(N, O, dtype=torch.float32, device=dev)
+    if N == 0 or O == 0: return out
+    tiles = _tiles(c, dev); T = tiles.shape[0]
+    if T > 65535: raise ValueError(f"{who}: {T} row tiles exceed the grid's y limit (65535)")
+    launch('grouped_gemm_tc.cu', 'grouped_gemm_mxfp8_tc', (_grid(O, 64), T), 128,
+           _aligned(xq.data.view(torch.uint8)), xq.scales.contiguous(), _i32(xq.elem == 'e5m2'),
+           _aligned(wq.data.view(torch.uint8)), wq.scales.contiguous(), _i32(wq.elem == 'e5m2'), tiles, _i32(O), _i32(kp), out)
     return out
+
+def mxfp8_grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts, elem: Literal['e4m3', 'e5m2'] = 'e4m3',
+                       w_elem: Optional[str] = None, rule: Literal['floor', 'rceil'] = 'floor',
+                       tensor_cores: Optional[bool] = None) -> torch.Tensor:
+    "MXFP8 grouped GEMM from fp32: quantise x [N, K] (`elem`) and w [E, O, K] (`w_elem`, default `elem`) along K, then `mxfp8_grouped_gemm_q`."
+    from composer2.lowp import _check_grouped
+    c = _check_grouped(x_sorted, w, counts, 'mxfp8_grouped_gemm')
+    w_elem = elem if w_elem is None else w_elem
+    if x_sorted.shape[0] == 0 or w.shape[0] * w.shape[1] == 0:
+        for el in (elem, w_elem):
+            if el not in Q.MX_ELEMS: raise ValueError(f"mxfp8_grouped_gemm: elem must be 'e4m3' or 'e5m2', got {el!r}")
+        return torch.zeros(x_sorted.shape[0], w.shape[1], dtype=torch.float32, device=x_sorted.device)
+    return mxfp8_grouped_gemm_q(mxfp8_quantize(x_sorted, elem, rule), mxfp8_quantize(w, w_elem, rule), c, tensor_cores=tensor_cores)
 
 # %% ../nbs/22_kernels.ipynb #c018
 def build_host_emulation(out_dir: Optional[str] = None):
@@ -264,4 +391,31 @@ def emulate_mxfp8_dequantize(lib, q: Q.MXFP8Tensor) -> torch.Tensor:
     K = q.shape[-1]; kp = q.data.shape[-1]; R = q.data.numel() // kp; out = torch.zeros(q.shape)
     lib.emu_mxfp8_dequantize(_cptr(q.data.view(torch.uint8).contiguous()), _cptr(q.scales.contiguous()), R, K,
                              int(q.elem == 'e5m2'), _cptr(out))
+    return out
+
+# %% ../nbs/22_kernels.ipynb #c018b
+def emulate_dequantize_bf16(lib, q) -> torch.Tensor:
+    "bf16 operand tile values (as fp32, K-padded [rows, Kp]) that the tensor-core loaders produce from an NVFP4/MXFP8 tensor."
+    if isinstance(q, Q.NVFP4Tensor):
+        kp = q.codes.shape[-1] * 2; R = q.codes.numel() // (kp // 2); out = torch.zeros(R, kp, dtype=torch.int16)
+        lib.emu_nvfp4_dequantize_bf16(_cptr(q.codes.contiguous()), _cptr(q.scales.contiguous()), R, kp, _cptr(out))
+    else:
+        kp = q.data.shape[-1]; R = q.data.numel() // kp; out = torch.zeros(R, kp, dtype=torch.int16)
+        lib.emu_mxfp8_dequantize_bf16(_cptr(q.data.view(torch.uint8).contiguous()), _cptr(q.scales.contiguous()), R, kp,
+                                      int(q.elem == 'e5m2'), _cptr(out))
+    return out.view(torch.bfloat16).float()
+
+def emulate_grouped_gemm_tc(lib, xq, wq, counts) -> torch.Tensor:
+    "The tensor-core kernels' CTA loop on the host (same tiles, loaders, bounds, epilogue; a plain fp32 loop for the MMA)."
+    if isinstance(xq, Q.NVFP4Tensor):
+        N, K, kp, E, O = _check_nvfp4_operands(xq, wq, 'emulate_grouped_gemm_tc'); bc, bs, be = (t.contiguous() for t in wq)
+        args = (0, xq.codes.contiguous(), xq.scales.contiguous(), xq.s_enc.contiguous(), 0, bc, bs, be, 0)
+    else:
+        N, K, kp, E, O = _check_mxfp8_operands(xq, wq, 'emulate_grouped_gemm_tc')
+        args = (1, xq.data.view(torch.uint8).contiguous(), xq.scales.contiguous(), None, int(xq.elem == 'e5m2'),
+                wq.data.view(torch.uint8).contiguous(), wq.scales.contiguous(), None, int(wq.elem == 'e5m2'))
+    c = _counts(counts, E, N, 'emulate_grouped_gemm_tc')
+    tiles = _tiles(c, 'cpu').contiguous(); out = torch.zeros(N, O)
+    lib.emu_grouped_gemm_tc(*[_cptr(a) if (a is None or isinstance(a, torch.Tensor)) else a for a in args],
+                            _cptr(tiles), tiles.shape[0], O, kp, _cptr(out))
     return out

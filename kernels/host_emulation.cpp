@@ -64,3 +64,58 @@ extern "C" void emu_mxfp8_dequantize(const u8* data, const u8* scales, int R, in
     for (int c = 0; c < K; c++)
       out[(long long)r * K + c] = mx_dequant(data[(long long)r * Kp + c], scales[(long long)r * (Kp / 32) + c / 32], elem);
 }
+
+// ---------------------------------------------------------------- tensor-core grouped GEMM (grouped_gemm_tc.cu)
+// The tile loaders the kernels call (nv_tile_load16 / mx_tile_load16 -> bf16 bits), over whole K-padded matrices:
+// out u16 [R, Kp]. The CPU tests check bf16_to_f32(out) against composer2.quant's dequantised values.
+extern "C" void emu_nvfp4_dequantize_bf16(const u8* codes, const u8* scales, int R, int Kp, unsigned short* out) {
+  u32 w[8];
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < Kp; k += 16) {
+      nv_tile_load16(codes, scales, r, k, Kp, true, w);
+      for (int j = 0; j < 8; j++) { out[(long long)r * Kp + k + 2 * j] = (unsigned short)(w[j] & 0xffffu); out[(long long)r * Kp + k + 2 * j + 1] = (unsigned short)(w[j] >> 16); }
+    }
+}
+extern "C" void emu_mxfp8_dequantize_bf16(const u8* data, const u8* scales, int R, int Kp, int elem, unsigned short* out) {
+  u32 w[8];
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < Kp; k += 16) {
+      mx_tile_load16(data, scales, r, k, Kp, elem, true, w);
+      for (int j = 0; j < 8; j++) { out[(long long)r * Kp + k + 2 * j] = (unsigned short)(w[j] & 0xffffu); out[(long long)r * Kp + k + 2 * j + 1] = (unsigned short)(w[j] >> 16); }
+    }
+}
+// The kernels' CTA loop with the same tiles, loaders, bounds and epilogue; the wmma fragments are replaced by a plain
+// fp32 loop (k ascending), so sums agree with the GPU only up to accumulation order. mx = 0: NVFP4, 1: MXFP8.
+extern "C" void emu_grouped_gemm_tc(int mx, const u8* a_data, const u8* a_scales, const float* a_senc, int a_elem,
+                                    const u8* b_data, const u8* b_scales, const float* b_senc, int b_elem,
+                                    const int* tiles, int T, int O, int Kp, float* out) {
+  static float As[64][32], Bs[64][32], acc[64][64];
+  u32 wa[8], wb[8];
+  for (int ty = 0; ty < T; ty++)
+    for (int bx = 0; bx < (O + 63) / 64; bx++) {
+      int e = tiles[ty * 3], r0 = tiles[ty * 3 + 1], r1 = tiles[ty * 3 + 2], n0 = bx * 64;
+      for (int i = 0; i < 64; i++) for (int j = 0; j < 64; j++) acc[i][j] = 0.0f;
+      for (int k0 = 0; k0 < Kp; k0 += 32) {
+        for (int t = 0; t < 128; t++) {
+          int lr = t / 2, lk = (t % 2) * 16;
+          bool va = r0 + lr < r1, vb = n0 + lr < O;
+          long long ra = (long long)r0 + lr, rb = (long long)e * O + n0 + lr;
+          if (mx) { mx_tile_load16(a_data, a_scales, ra, k0 + lk, Kp, a_elem, va, wa); mx_tile_load16(b_data, b_scales, rb, k0 + lk, Kp, b_elem, vb, wb); }
+          else { nv_tile_load16(a_data, a_scales, ra, k0 + lk, Kp, va, wa); nv_tile_load16(b_data, b_scales, rb, k0 + lk, Kp, vb, wb); }
+          for (int j = 0; j < 8; j++) {
+            As[lr][lk + 2 * j] = bf16_to_f32(wa[j] & 0xffffu); As[lr][lk + 2 * j + 1] = bf16_to_f32(wa[j] >> 16);
+            Bs[lr][lk + 2 * j] = bf16_to_f32(wb[j] & 0xffffu); Bs[lr][lk + 2 * j + 1] = bf16_to_f32(wb[j] >> 16);
+          }
+        }
+        for (int i = 0; i < 64; i++)
+          for (int j = 0; j < 64; j++)
+            for (int k = 0; k < 32; k++) acc[i][j] += As[i][k] * Bs[j][k];
+      }
+      for (int r = 0; r < 64; r++)
+        for (int c = 0; c < 64; c++) {
+          int gr = r0 + r, gc = n0 + c;
+          if (gr >= r1 || gc >= O) continue;
+          out[(long long)gr * O + gc] = mx ? acc[r][c] : nv_epilogue(acc[r][c], a_senc[gr], b_senc[e]);
+        }
+    }
+}

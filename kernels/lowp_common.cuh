@@ -178,4 +178,62 @@ HD float mx_dequant(u32 code, u32 scale_code, int elem) {
   return p * e8m0_value(scale_code);
 }
 
+// ---------------------------------------------------------------- bf16 operands of the tensor-core grouped GEMM
+// The tensor-core kernels (grouped_gemm_tc.cu) dequantise code x block scale into bf16 while loading a tile and apply
+// the fp32 second-level scales (NVFP4 S_enc) to the fp32 accumulators afterwards. code x block scale is exact in bf16:
+//   NVFP4: E2M1 (<= 2 significant bits) x E4M3 (<= 4) has <= 6 significant bits (bf16 has 8), |.| in [2^-10, 2688];
+//   MXFP8: E4M3/E5M2 (<= 4 / 3 bits) x 2^e is exact in bf16 for e in [-124, 127] / [-117, 127] (bf16 has fp32's
+//          exponent range; below those e the smallest elements fall under bf16's subnormal step 2^-133 and are rounded
+//          to nearest even; 2^e x element >= 2^128 is inf in fp32 and bf16 alike).
+// f32 -> bf16 bits, round to nearest even, NaN -> quiet NaN with its sign. Integer-only, so host == device.
+HD u32 f32_to_bf16_rne(float x) {
+  u32 u = f2u(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) & 0x8000u) | 0x7fc0u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+HD float bf16_to_f32(u32 b) { return u2f(b << 16); }
+// One element: fp32 product (exact, the same operation as nv_dequant / mx_dequant before their last step), then bf16.
+HD u32 nv_dequant_bf16(u32 code, float blk_scale) { return f32_to_bf16_rne(e2m1_value(code) * blk_scale); }
+HD u32 mx_dequant_bf16(u32 code, float blk_scale, int elem) {
+  float p = sf_value(code & 0x7fu, mx_mbits(elem), mx_bias(elem));
+  if (code & 0x80u) p = -p;
+  return f32_to_bf16_rne(p * blk_scale);
+}
+HD u64 ld_u64(const u8* p) {                                // p is 8-byte aligned (the Python dispatch guarantees it)
+#ifdef __CUDA_ARCH__
+  return *(const u64*)p;
+#else
+  u64 v = 0;
+  for (int i = 0; i < 8; i++) v |= (u64)p[i] << (8 * i);
+  return v;
+#endif
+}
+// Tile loaders: 16 consecutive elements k16 .. k16+15 (k16 a multiple of 16) of row `row` of a K-padded operand, as
+// 8 words of two bf16 each (element 2j in the low half, i.e. first in memory). All zero when !valid (a row outside
+// the expert's range or beyond O) or k16 >= Kp (the last half of a 32-wide K step of an NVFP4 operand).
+//   NVFP4: codes u8 [rows, Kp/2] (element 2i in the low nibble), E4M3 scales u8 [rows, Kp/16].
+HD void nv_tile_load16(const u8* codes, const u8* scales, long long row, int k16, int Kp, bool valid, u32* out) {
+  if (!valid || k16 >= Kp) { for (int j = 0; j < 8; j++) out[j] = 0u; return; }
+  u64 packed = ld_u64(codes + row * (Kp / 2) + k16 / 2);
+  float s = sf_value_e4m3(scales[row * (Kp / 16) + k16 / 16]);
+  for (int j = 0; j < 8; j++) {
+    u32 byte = (u32)(packed >> (8 * j)) & 0xffu;
+    out[j] = nv_dequant_bf16(byte & 15u, s) | (nv_dequant_bf16(byte >> 4, s) << 16);
+  }
+}
+//   MXFP8: elements u8 (E4M3 / E5M2 bits) [rows, Kp], E8M0 scales u8 [rows, Kp/32].
+HD void mx_tile_load16(const u8* data, const u8* scales, long long row, int k16, int Kp, int elem, bool valid, u32* out) {
+  if (!valid || k16 >= Kp) { for (int j = 0; j < 8; j++) out[j] = 0u; return; }
+  const u8* p = data + row * Kp + k16;
+  u64 lo = ld_u64(p), hi = ld_u64(p + 8);
+  float s = e8m0_value(scales[row * (Kp / 32) + k16 / 32]);
+  for (int j = 0; j < 8; j++) {
+    u64 w = j < 4 ? lo : hi;
+    int sh = 16 * (j & 3);
+    out[j] = mx_dequant_bf16((u32)(w >> sh) & 0xffu, s, elem) | (mx_dequant_bf16((u32)(w >> (sh + 8)) & 0xffu, s, elem) << 16);
+  }
+}
+// Epilogue of the NVFP4 kernel: the fp32 sum of (code x block scale) products times 1/S_enc of the A row, then of B.
+HD float nv_epilogue(float acc, float a_senc, float b_senc) { return (acc * (1.0f / a_senc)) * (1.0f / b_senc); }
+
 #endif  // LOWP_COMMON_CUH
