@@ -192,13 +192,6 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Tenso
 TC_MIN_CAPABILITY = (8, 0)
 "bf16 `wmma` (the tensor-core grouped GEMMs in `grouped_gemm_tc.cu`) needs compute capability 8.0 or newer."
 
-def _counts(counts, E, N, who):
-    c = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
-    if len(c) != E: raise ValueError(f"{who}: counts has {len(c)} entries for {E} experts")
-    if any((not isinstance(n, int)) or isinstance(n, bool) or n < 0 for n in c): raise ValueError(f"{who}: counts must be non-negative integers, got {c}")
-    if sum(c) != N: raise ValueError(f"{who}: counts sum to {sum(c)} but the activations have {N} rows")
-    return c
-
 def _check_tc(tensor_cores, who):
     if not (tensor_cores is None or isinstance(tensor_cores, bool)):
         raise ValueError(f"{who}: tensor_cores must be None, True or False, got {tensor_cores!r}")
@@ -244,29 +237,20 @@ def _check_nvfp4_operands(xq, wq, who):
     _same_device(who, xq.codes, xq.scales, xq.s_enc, bc, bs, be)
     return N, K, kp, E, O
 
-def _grouped_matmul(xd, wd, c):
-    "Reference: fp32 per-expert matmul of dequantised operands xd [N, K], wd(e) -> [O, K]."
-    out = None; o = 0
-    for e, n in enumerate(c):
-        if n:
-            we = wd(e); out = out if out is not None else torch.zeros(xd.shape[0], we.shape[0], dtype=torch.float32, device=xd.device)
-            out[o:o + n] = xd[o:o + n] @ we.t()
-        o += n
-    return out
-
 def nvfp4_grouped_gemm_q(xq: Q.NVFP4Tensor, wq, counts, tensor_cores: Optional[bool] = None) -> torch.Tensor:
     """Grouped GEMM of already-quantised NVFP4 operands: `xq` row-scaled [N, K], `wq` = `quantize_experts_nvfp4(w)`.
     CUDA: the bf16 tensor-core kernel (`tensor_cores=None` picks it on capability >= 8.0) or the fp32 SIMT one;
     otherwise the reference (dequantise with `composer2.quant`, one fp32 matmul per expert). fp32 [N, O]."""
     who = 'nvfp4_grouped_gemm_q'
     N, K, kp, E, O = _check_nvfp4_operands(xq, wq, who)
-    c = _counts(counts, E, N, who)
+    from composer2.lowp import _check_counts, grouped_linear
+    c = _check_counts(counts, E, N, who)
     bc, bs, be = wq
     dev = xq.codes.device
     if not _use_kernel(xq.codes):
         _check_tc(tensor_cores, who)
-        out = _grouped_matmul(Q.dequantize_nvfp4(xq), lambda e: Q.dequantize_nvfp4(Q.NVFP4Tensor(bc[e], bs[e], be[e], (O, K), 'tensor', True)), c)
-        return out if out is not None else torch.zeros(N, O, dtype=torch.float32, device=dev)
+        wd = [Q.dequantize_nvfp4(Q.NVFP4Tensor(bc[e], bs[e], be[e], (O, K), 'tensor', True)) for e in range(E)]
+        return grouped_linear(Q.dequantize_nvfp4(xq), torch.stack(wd) if E else torch.zeros(0, O, K, device=dev), c)
     tc = _use_tc(tensor_cores, dev, who)
     out = torch.zeros(N, O, dtype=torch.float32, device=dev)
     if N == 0 or O == 0: return out
@@ -311,14 +295,13 @@ def mxfp8_grouped_gemm_q(xq: Q.MXFP8Tensor, wq: Q.MXFP8Tensor, counts, tensor_co
     there is no SIMT MXFP8 kernel) the reference on the operands' device: dequantise, one fp32 matmul per expert."""
     who = 'mxfp8_grouped_gemm_q'
     N, K, kp, E, O = _check_mxfp8_operands(xq, wq, who)
-    c = _counts(counts, E, N, who)
+    from composer2.lowp import _check_counts, grouped_linear
+    c = _check_counts(counts, E, N, who)
     dev = xq.data.device
     tc = _use_tc(tensor_cores, dev, who) if _use_kernel(xq.scales) else False
     if not tc:
         _check_tc(tensor_cores, who)
-        wd = Q.dequantize_mxfp8(wq) if E else None
-        out = _grouped_matmul(Q.dequantize_mxfp8(xq), lambda e: wd[e], c)
-        return out if out is not None else torch.zeros(N, O, dtype=torch.float32, device=dev)
+        return grouped_linear(Q.dequantize_mxfp8(xq), Q.dequantize_mxfp8(wq) if E else torch.zeros(0, O, K, device=dev), c)
     out = torch.zeros(N, O, dtype=torch.float32, device=dev)
     if N == 0 or O == 0: return out
     tiles = _tiles(c, dev); T = tiles.shape[0]
@@ -414,7 +397,8 @@ def emulate_grouped_gemm_tc(lib, xq, wq, counts) -> torch.Tensor:
         N, K, kp, E, O = _check_mxfp8_operands(xq, wq, 'emulate_grouped_gemm_tc')
         args = (1, xq.data.view(torch.uint8).contiguous(), xq.scales.contiguous(), None, int(xq.elem == 'e5m2'),
                 wq.data.view(torch.uint8).contiguous(), wq.scales.contiguous(), None, int(wq.elem == 'e5m2'))
-    c = _counts(counts, E, N, 'emulate_grouped_gemm_tc')
+    from composer2.lowp import _check_counts
+    c = _check_counts(counts, E, N, 'emulate_grouped_gemm_tc')
     tiles = _tiles(c, 'cpu').contiguous(); out = torch.zeros(N, O)
     lib.emu_grouped_gemm_tc(*[_cptr(a) if (a is None or isinstance(a, torch.Tensor)) else a for a in args],
                             _cptr(tiles), tiles.shape[0], O, kp, _cptr(out))

@@ -143,10 +143,14 @@ def grad_errors(x, w, cfg: Optional[LowpConfig] = None, seed: int = 0) -> dict:
 def _check_grouped(x, w, counts, who):
     if x.dim() != 2 or w.dim() != 3: raise ValueError(f"{who}: x_sorted must be [N, in] and w [E, out, in], got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.shape[1] != w.shape[2]: raise ValueError(f"{who}: x_sorted has {x.shape[1]} features but w expects {w.shape[2]}")
+    return _check_counts(counts, w.shape[0], x.shape[0], who)
+
+def _check_counts(counts, E, N, who):
+    "Rows per expert as a list of ints: `E` entries, non-negative, summing to the `N` rows."
     c = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
-    if len(c) != w.shape[0]: raise ValueError(f"{who}: counts has {len(c)} entries for {w.shape[0]} experts")
-    if any((not isinstance(n, int)) or n < 0 for n in c): raise ValueError(f"{who}: counts must be non-negative integers, got {c}")
-    if sum(c) != x.shape[0]: raise ValueError(f"{who}: counts sum to {sum(c)} but x_sorted has {x.shape[0]} rows")
+    if len(c) != E: raise ValueError(f"{who}: counts has {len(c)} entries for {E} experts")
+    if any((not isinstance(n, int)) or isinstance(n, bool) or n < 0 for n in c): raise ValueError(f"{who}: counts must be non-negative integers, got {c}")
+    if sum(c) != N: raise ValueError(f"{who}: counts sum to {sum(c)} but the activations have {N} rows")
     return c
 
 def _segments(c):
