@@ -327,8 +327,12 @@ class LocalWorkspace:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, 9); out, err = p.communicate(); to = True
         return LocalResult(p.returncode if not to else -9, out, err, to, time.time() - t0)
-    def write_file(self, rel, text):
-        p = self._path(rel); p.parent.mkdir(parents=True, exist_ok=True); p.write_text(text)
+    def write_file(self, rel, text: str | bytes):
+        "Write text or bytes (the sandbox workspace's signature)."
+        p = self._path(rel); p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, (bytes, bytearray)): p.write_bytes(text)
+        elif isinstance(text, str): p.write_text(text)
+        else: raise TypeError(f"write_file({rel!r}): expected str or bytes, got {type(text).__name__}")
     def read_file(self, rel): return self._path(rel).read_text()
     def fork(self): return LocalWorkspace(self.workspace, self.limits)
     def close(self): shutil.rmtree(self._tmp, ignore_errors=True)

@@ -165,3 +165,14 @@ def test_task_sandbox_hides_the_original_source_and_its_stdlib_tests():
     with T.TaskEnv(t.files, hide=[]) as env:
         r = env.run(f"sha256sum {T.stdlib_dir() / src.rel} {T.stdlib_dir() / src.test_rel}")
         assert [l.split()[0] for l in r.stdout.splitlines()] == [hashlib.sha256(b).hexdigest() for b in texts], r.text()
+
+
+def test_local_workspace_writes_text_and_bytes(tmp_path):
+    (tmp_path / 'repo').mkdir(); (tmp_path / 'repo' / 'a.py').write_text('x = 1\n')
+    with T.LocalWorkspace(tmp_path / 'repo') as ws:
+        ws.write_file('sub/b.bin', b'\x00\xffdata')
+        ws.write_file('a.py', 'x = 2\n')
+        assert ws.path('sub/b.bin').read_bytes() == b'\x00\xffdata' and ws.read_file('a.py') == 'x = 2\n'
+        with pytest.raises(TypeError, match='str or bytes'): ws.write_file('c.py', 3)
+        with pytest.raises(T.TaskError, match='leaves the workspace'): ws.write_file('../escape.py', 'x')
+    assert (tmp_path / 'repo' / 'a.py').read_text() == 'x = 1\n'          # the source repository is untouched
