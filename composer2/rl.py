@@ -4,7 +4,7 @@
 
 # %% ../nbs/42_rl.ipynb #c002
 from __future__ import annotations
-import collections, functools, json, math, os, queue, random, statistics, sys, time, traceback
+import collections, copy, functools, json, math, os, queue, random, statistics, sys, time, traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
@@ -24,10 +24,11 @@ from .train import save_checkpoint, load_model, load_weights, read_meta, model_s
 __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'TRANSPORTS', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv', 'toy_env_factory',
            'HarnessEnv', 'ChatCodec', 'ManualWeights', 'SharedWeights', 'load_state_into', 'publishable_state',
            'RolloutConfig', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup', 'segment_batch', 'token_logprobs',
-           'group_advantages', 'pg_loss', 'mismatch', 'LossConfig', 'Learner', 'EpochSampler', 'WorkerSpec',
-           'tokenizer_from_json', 'build_rollout_model', 'rollout_groups', 'LocalTransport', 'RayTransport', 'RLConfig',
-           'measure_mismatch', 'run_rl', 'harness_env_factory', 'curriculum_system', 'reward_config', 'RLStageConfig',
-           'stage_rl', 'EvalRLConfig', 'heldout_summary', 'paired_difference', 'stage_eval_rl']
+           'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch', 'LossConfig', 'Learner',
+           'EpochSampler', 'WorkerSpec', 'tokenizer_from_json', 'build_rollout_model', 'rollout_groups',
+           'LocalTransport', 'RayTransport', 'RLConfig', 'measure_mismatch', 'run_rl', 'harness_env_factory',
+           'curriculum_system', 'reward_config', 'RLStageConfig', 'stage_rl', 'EvalRLConfig', 'heldout_summary',
+           'paired_difference', 'stage_eval_rl']
 
 # %% ../nbs/42_rl.ipynb #c005
 NO_ROUTE = 255
@@ -388,6 +389,18 @@ def pg_loss(logp, blogp, adv, mask, const: float, is_cap: float = 2.0, icepop: b
              'clipped_frac': float((((ratio > is_cap) if not icepop else (w == 0)).float() * mask).sum() / n)}
     return loss, stats
 
+def kl_penalty(logp, ref_logp, mask, const: float):
+    """k3 estimate of KL(π_θ ‖ π_ref) on the sampled tokens, summed and divided by `const` like the policy term.
+    With d = log π_ref − log π_θ the per-token value is e^d − d − 1 ≥ 0 (0 where the policies agree)."""
+    d = (ref_logp - logp) * mask
+    return ((torch.exp(d) - d - 1) * mask).sum() / const
+
+def informative(group, tol: float = 1e-9) -> bool:
+    """Whether a group carries a task signal: its task rewards (`components['task']`, else the reward) are not all
+    equal. DAPO's dynamic sampling skips the others: every advantage in them is penalty noise."""
+    r = [float(t.components.get('task', t.reward)) for t in group]
+    return max(r) - min(r) > tol
+
 def mismatch(logp, blogp, mask) -> dict:
     "k3 KL(behaviour || trainer) and mean |Δ log p| over the masked tokens."
     d = (logp - blogp)[mask.bool()].double()
@@ -409,16 +422,20 @@ class LossConfig:
     weight_decay: float = 0.0
     micro_segments: int = 16      # segments per forward/backward chunk
     warmup_steps: int = 0         # linear learning-rate warmup over the first optimiser steps (0: none)
+    kl_coef: float = 0.0          # weight of the k3 KL(π_θ ‖ π_init) anchor to the starting policy (0: off, no reference copy)
     def __post_init__(self):
         check(self.lr > 0 and self.const > 0, 'rl.loss: lr and const must be > 0')
         check(self.is_cap >= 1, f'rl.loss.is_cap must be >= 1, got {self.is_cap}')
         check(0 < self.icepop_low < 1 < self.icepop_high, 'rl.loss: need 0 < icepop_low < 1 < icepop_high')
         check(self.warmup_steps >= 0, f'rl.loss.warmup_steps must be >= 0, got {self.warmup_steps}')
+        check(self.kl_coef >= 0, f'rl.loss.kl_coef must be >= 0, got {self.kl_coef}')
 
 class Learner:
     def __init__(self, model: Transformer, cfg: LossConfig, version: int = 0):
         self.model, self.cfg, self.version = model.float().train(), cfg, version
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
+        # the KL anchor's reference: a frozen copy of the weights the learner starts from (before any resume loads)
+        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
 
     def lr_at(self, version: int) -> float:
         "The learning rate of the optimiser step that makes `version + 1`: linear warmup, then constant."
@@ -439,6 +456,11 @@ class Learner:
             a = torch.tensor(advs[i:i + cfg.micro_segments], dtype=torch.float32)
             lp = token_logprobs(self.model, b, cfg.router_replay)
             loss, st = pg_loss(lp, b['blogp'], a, b['mask'], cfg.const, cfg.is_cap, cfg.icepop, cfg.icepop_low, cfg.icepop_high)
+            if self.ref is not None:
+                with torch.no_grad(): rlp = token_logprobs(self.ref, b, cfg.router_replay)
+                kl = kl_penalty(lp, rlp, b['mask'], cfg.const)
+                st['kl_ref'] = float(kl.detach()) * cfg.const / max(1.0, float(b['mask'].sum()))
+                loss = loss + cfg.kl_coef * kl
             loss.backward()
             n = float(b['mask'].sum()); n_tok += n; tot += float(loss.detach())
             for k, v in st.items(): stats[k] += v * n
@@ -463,30 +485,37 @@ class EpochSampler:
     def __init__(self, prompt_ids: list[str], seed: int = 0):
         if len(set(prompt_ids)) != len(prompt_ids): raise ValueError('prompt ids must be unique')
         self.order = list(prompt_ids); random.Random(seed).shuffle(self.order)
-        self.cursor, self.requeued, self.trained, self.out = 0, collections.deque(), set(), set()
+        self.cursor, self.requeued, self.trained, self.out, self.skipped = 0, collections.deque(), set(), set(), set()
     def has_next(self) -> bool: return bool(self.requeued) or self.cursor < len(self.order)
     def next(self) -> str:
         if self.requeued: pid = self.requeued.popleft()
         elif self.cursor < len(self.order): pid = self.order[self.cursor]; self.cursor += 1
         else: raise StopIteration('the single epoch is exhausted: every prompt has been used')
         assert pid not in self.trained, f'prompt {pid} was already trained on (single epoch)'
+        assert pid not in self.skipped, f'prompt {pid} was already used (its group was skipped as uninformative)'
         self.out.add(pid); return pid
     def requeue(self, pid: str):
         "A handed-out prompt that will not be trained on (lost or dropped) goes back to the front."
         self.out.discard(pid)
-        if pid not in self.trained: self.requeued.append(pid)
+        if pid not in self.trained and pid not in self.skipped: self.requeued.append(pid)
     def mark_trained(self, pids: list[str]):
         for p in pids:
             assert p not in self.trained, f'prompt {p} trained twice: single epoch violated'
             self.trained.add(p); self.out.discard(p)
+    def mark_skipped(self, pids: list[str]):
+        "Prompts whose rollouts were used up without training (an uninformative group): never handed out again."
+        for p in pids:
+            assert p not in self.trained and p not in self.skipped, f'prompt {p} used twice: single epoch violated'
+            self.skipped.add(p); self.out.discard(p)
     def state(self) -> dict:
         # prompts handed out but not trained when the checkpoint was taken are handed out again after a restart
         return {'order': self.order, 'cursor': self.cursor, 'requeued': list(self.requeued) + sorted(self.out - self.trained),
-                'trained': sorted(self.trained)}
+                'trained': sorted(self.trained), 'skipped': sorted(self.skipped)}
     @classmethod
     def from_state(cls, st: dict) -> 'EpochSampler':
         s = cls.__new__(cls); s.order, s.cursor = list(st['order']), int(st['cursor'])
         s.requeued, s.trained, s.out = collections.deque(st['requeued']), set(st['trained']), set()
+        s.skipped = set(st.get('skipped', []))
         return s
 
 # %% ../nbs/42_rl.ipynb #c033
@@ -707,6 +736,7 @@ class RLConfig:
     ckpt_every: int = 5
     mismatch_every: int = 5
     seed: int = 0
+    filter_groups: bool = False      # skip groups whose task rewards are all equal (DAPO dynamic sampling); their prompts are used up
     loss: LossConfig = field(default_factory=LossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     def __post_init__(self):
@@ -754,13 +784,14 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
     torch.set_num_threads(cfg.trainer_threads); torch.manual_seed(cfg.seed)
     learner = Learner(model, cfg.loss)
     sampler = EpochSampler(sorted(jobs_by_prompt), cfg.seed)
-    hist = {'steps': [], 'staleness': [], 'dropped_stale': 0, 'restarts': 0, 'errors': [], 'mismatch': []}
+    hist = {'steps': [], 'staleness': [], 'dropped_stale': 0, 'skipped_groups': 0, 'restarts': 0, 'errors': [], 'mismatch': []}
     if (ckpt / 'meta.json').exists():
         m = read_meta(ckpt)
         if m.get('stage') == 'rl':
             load_weights(model, ckpt / 'model.safetensors')
             learner.opt.load_state_dict(torch.load(ckpt / 'optimizer.pt', weights_only=True)['optimizer'])
             learner.version = int(m['step']); sampler = EpochSampler.from_state(m['sampler']); hist = m['history']
+            hist.setdefault('skipped_groups', 0)
             hist['resumed_from'] = learner.version
     if learner.version >= cfg.steps: return hist
     spec = WorkerSpec(to_dict(model.cfg), tokenizer_json, cfg.rollout, env_factory, cfg.groups_per_batch, cfg.worker_threads, cfg.seed)
@@ -778,8 +809,17 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
         j = {**jobs_by_prompt[pid], 'prompt_id': pid, 'group_id': next_gid, 'group_size': G}; next_gid += 1
         return j
 
+    seen: list[list[Trajectory]] = []       # every finished (not stale) group since the last step, skipped ones too
+
+    def admit(group) -> bool:
+        "Record a finished group; with `filter_groups`, an uninformative one uses up its prompt and is not trained on."
+        seen.append(group)
+        if cfg.filter_groups and not informative(group):
+            hist['skipped_groups'] += 1; sampler.mark_skipped([group[0].prompt_id]); return False
+        return True
+
     def train_on(groups, wait_s):
-        nonlocal busy, samples
+        nonlocal busy, samples, seen
         t0 = time.time()
         version = learner.version
         mm = measure_mismatch(learner.model, groups, version) if cfg.mismatch_every and version % cfg.mismatch_every == 0 else None
@@ -788,8 +828,10 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
         learner.model.eval(); state = publishable_state(learner.model); learner.model.train()
         dt = time.time() - t0; busy += dt
         samples += sum(len(t.segments) for g in groups for t in g)
-        rec = {'step': learner.version, **_traj_stats(groups), **{k: v for k, v in st.items() if k not in ('reward_mean',)},
+        rec = {'step': learner.version, **_traj_stats(seen or groups), **{k: v for k, v in st.items() if k not in ('reward_mean',)},
+               'trained_reward_mean': st['reward_mean'], 'groups_seen': len(seen), 'groups_trained': len(groups),
                'train_s': dt, 'wait_s': wait_s, 'wall_s': time.time() - t_start, 'next_gid': next_gid}
+        seen = []
         if mm is not None: rec['mismatch'] = mm; hist['mismatch'].append({'step': version, **mm})
         hist['steps'].append(rec)
         h = hist['staleness']; sh = st['staleness']
@@ -810,14 +852,20 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
         rmodel, codec = build_rollout_model(spec)
         gen = torch.Generator().manual_seed(cfg.seed)
         weights.publish(publishable_state(learner.model), learner.version)
-        rv = -1
+        rv, buffer = -1, []
         while learner.version < end:
             t0 = time.time()
-            jobs = [make_job(sampler.next()) for _ in range(B)]
-            got = weights.poll(rv); rv, st = got; load_state_into(rmodel, st)
-            res, rv, rs = rollout_groups(rmodel, codec, spec, jobs, None, rv, gen)
-            gen_tokens += rs['gen_tokens']; idle += time.time() - t0
-            state = train_on([ts for _, ts in res], time.time() - t0)
+            while len(buffer) < B:
+                if not sampler.has_next(): raise RuntimeError(f'rl: the single epoch ran out of prompts at step {learner.version}')
+                jobs = []
+                while len(jobs) < B - len(buffer) and sampler.has_next(): jobs.append(make_job(sampler.next()))
+                got = weights.poll(rv)                 # None: the rollout model already has the latest weights
+                if got is not None: rv, st = got; load_state_into(rmodel, st)
+                res, rv, rs = rollout_groups(rmodel, codec, spec, jobs, None, rv, gen)
+                gen_tokens += rs['gen_tokens']
+                buffer += [ts for _, ts in res if admit(ts)]
+            idle += time.time() - t0
+            state = train_on(buffer[:B], time.time() - t0); buffer = buffer[B:]
             weights.publish(state, learner.version)
     else:
         tr = TRANSPORTS[cfg.backend]()
@@ -845,7 +893,7 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
                         oldest = min(int(t.versions().min()) if t.gen_tokens else learner.version for t in group)
                         if learner.version - oldest > cfg.max_staleness:
                             hist['dropped_stale'] += 1; sampler.requeue(pid); continue
-                        buffer.append(group)
+                        if admit(group): buffer.append(group)
                     elif ev[0] == 'error':
                         _, w, gids, msg = ev
                         hist['errors'].append(msg[-2000:])
@@ -933,10 +981,12 @@ def stage_rl(params: str = 'params.yaml') -> dict:
          'reward_first_quarter': float(np.mean([s['reward_mean'] for s in first])),
          'reward_last_quarter': float(np.mean([s['reward_mean'] for s in last])),
          'staleness_hist': hist['staleness'], 'dropped_stale': hist['dropped_stale'], 'restarts': hist['restarts'],
+         'skipped_groups': hist.get('skipped_groups', 0), 'filter_groups': cfg.filter_groups,
          'mismatch': hist['mismatch'], 'errors': len(hist['errors']),
          'curve': [{k: s.get(k) for k in ('step', 'reward_mean', 'best_of_group', 'loss', 'gen_tokens_mean', 'turns_mean',
                                           'summaries_mean', 'is_weight_mean', 'clipped_frac', 'components', 'lengths',
-                                          'summaries', 'staleness', 'wall_s')} for s in steps]}
+                                          'summaries', 'staleness', 'wall_s', 'groups_seen', 'groups_trained',
+                                          'trained_reward_mean', 'kl_ref')} for s in steps]}
     try:
         from composer2.rewards import length_penalty
         rcfg = reward_config(cfg.reward); xs = [int(x) for x in np.linspace(0, 4 * rcfg.length_ref, 41)]

@@ -266,3 +266,55 @@ def test_learning_rate_warmup(setup):
     assert [L.lr_at(v) for v in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
     assert R.Learner(copy.deepcopy(model), R.LossConfig(lr=1e-3)).lr_at(0) == 1e-3
     with pytest.raises(Exception, match='warmup_steps'): R.LossConfig(warmup_steps=-1)
+
+
+def test_kl_anchor_to_the_starting_policy(setup):
+    lp = torch.log(torch.tensor([[0.5, 0.25, 0.9]]))
+    ref = torch.log(torch.tensor([[0.5, 0.5, 0.3]]))
+    mk = torch.tensor([[1., 1., 0.]])
+    assert float(R.kl_penalty(lp, lp, mk, 4.0)) == 0.0
+    hand = ((0.5 / 0.25) - math.log(0.5 / 0.25) - 1) / 4.0         # k3 per token: r - log r - 1, r = pi_ref / pi
+    assert abs(float(R.kl_penalty(lp, ref, mk, 4.0)) - hand) < 1e-6
+    x = lp.clone().requires_grad_(True)
+    R.kl_penalty(x, ref, mk, 1.0).backward()
+    assert float(x.grad[0, 1]) < 0 and float(x.grad[0, 0]) == 0.0 and float(x.grad[0, 2]) == 0.0  # pulls log pi up toward ref
+    # the learner keeps a frozen copy of its starting weights, and the anchor is reported
+    tok, codec, model = setup
+    L = R.Learner(copy.deepcopy(model), R.LossConfig(lr=1e-3, kl_coef=0.1))
+    assert L.ref is not None and not any(p.requires_grad for p in L.ref.parameters())
+    assert R.Learner(copy.deepcopy(model), R.LossConfig()).ref is None
+    with pytest.raises(Exception, match='kl_coef'): R.LossConfig(kl_coef=-1)
+
+
+class _FlatOrVaried(R.ToyEnv):
+    "Toy episodes whose task reward is the sample index (a varied group) or always 0 (an uninformative group)."
+    def __init__(self, flat, sample, **kw):
+        super().__init__(**kw); self.flat, self.sample = flat, sample
+    def finish(self, info):
+        r = 0.0 if self.flat else float(self.sample)
+        return {'task': r, 'total': r}
+
+
+def _flat_or_varied(job, sample):
+    return _FlatOrVaried(job['flat'], sample, turns=1, seed=sample)
+
+
+def test_uninformative_groups_are_skipped_and_their_prompts_used_up(setup, tmp_path):
+    g = [R.Trajectory('p', 0, i, [], reward=r, components={'task': t}) for i, (r, t) in enumerate([(0.3, 0.0), (-0.1, 0.0)])]
+    assert not R.informative(g)                       # rewards differ, but only through penalties
+    g[1].components['task'] = 1.0
+    assert R.informative(g)
+    tok, codec, model = setup
+    jobs = {f'p{i:02d}': {'flat': i % 2 == 0} for i in range(16)}
+    cfg = _cfg(n_train_tasks=16, steps=2, groups_per_step=2, backend='sync', filter_groups=True, ckpt_every=1)
+    h = R.run_rl(cfg, copy.deepcopy(model), tok.hf.to_str(), jobs, _flat_or_varied, tmp_path)
+    meta = R.read_meta(tmp_path / 'ckpt')['sampler']
+    trained, skipped = set(meta['trained']), set(meta['skipped'])
+    assert len(trained) == 4 and all(not jobs[p]['flat'] for p in trained)      # only informative groups trained
+    assert skipped and all(jobs[p]['flat'] for p in skipped) and not trained & skipped
+    assert h['skipped_groups'] == len(skipped) and h['steps'][0]['groups_trained'] == 2
+    assert sum(s['groups_seen'] for s in h['steps']) == len(trained) + len(skipped)
+    s2 = R.EpochSampler.from_state(meta)                 # a resumed sampler never hands a skipped prompt out again
+    rest = [s2.next() for _ in range(100) if s2.has_next()]
+    assert not set(rest) & (trained | skipped)
+    with pytest.raises(AssertionError, match='used'): s2.mark_skipped([sorted(skipped)[0]])
