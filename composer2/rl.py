@@ -21,14 +21,14 @@ from .model import Transformer, ModelConfig, KVCache, sample_next
 from .train import save_checkpoint, load_model, load_weights, read_meta, model_state, CheckpointError
 
 # %% auto #0
-__all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'TRANSPORTS', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv', 'toy_env_factory',
-           'HarnessEnv', 'ChatCodec', 'ManualWeights', 'SharedWeights', 'load_state_into', 'publishable_state',
-           'RolloutConfig', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup', 'segment_batch', 'token_logprobs',
-           'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch', 'LossConfig', 'Learner',
-           'EpochSampler', 'WorkerSpec', 'tokenizer_from_json', 'build_rollout_model', 'rollout_groups',
-           'LocalTransport', 'RayTransport', 'RLConfig', 'measure_mismatch', 'run_rl', 'harness_env_factory',
-           'curriculum_system', 'reward_config', 'RLStageConfig', 'stage_rl', 'EvalRLConfig', 'heldout_summary',
-           'paired_difference', 'stage_eval_rl']
+__all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'TRANSPORTS', 'RESUMABLE_CHANGES', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv',
+           'toy_env_factory', 'HarnessEnv', 'ChatCodec', 'ManualWeights', 'SharedWeights', 'load_state_into',
+           'publishable_state', 'RolloutConfig', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup', 'segment_batch',
+           'token_logprobs', 'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch', 'LossConfig',
+           'Learner', 'EpochSampler', 'WorkerSpec', 'tokenizer_from_json', 'build_rollout_model', 'rollout_groups',
+           'LocalTransport', 'RayTransport', 'RLConfig', 'measure_mismatch', 'config_changes', 'run_rl',
+           'harness_env_factory', 'curriculum_system', 'reward_config', 'RLStageConfig', 'stage_rl', 'EvalRLConfig',
+           'heldout_summary', 'paired_difference', 'stage_eval_rl']
 
 # %% ../nbs/42_rl.ipynb #c005
 NO_ROUTE = 255
@@ -776,6 +776,21 @@ def measure_mismatch(model, groups, version: int) -> dict:
             out[name] = mismatch(lp[None], bl[None], torch.ones(1, lp.numel()))
     return out
 
+RESUMABLE_CHANGES = {'steps', 'backend', 'n_workers', 'groups_per_batch', 'worker_threads', 'trainer_threads', 'ckpt_every',
+                     'mismatch_every', 'init', 'tokenizer', 'out_dir', 'rollout.env_threads'}
+
+def config_changes(saved: dict, now: dict, prefix: str = '') -> list[str]:
+    """The settings that differ between a checkpoint's saved run config and the current one, as 'key: old -> new',
+    leaving out those a resume may change (more steps, other workers or threads: how the run executes, not what it learns)."""
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        key = prefix + k
+        if key in RESUMABLE_CHANGES: continue
+        a, b = saved.get(k, '<unset>'), now.get(k, '<unset>')
+        if isinstance(a, dict) and isinstance(b, dict): out += config_changes(a, b, key + '.')
+        elif a != b: out.append(f'{key}: {a!r} -> {b!r}')
+    return out
+
 def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_prompt: dict[str, dict], env_factory: Callable,
            out_dir, live_dir=None, stop_after: int | None = None, on_event: Callable | None = None, meta: dict | None = None) -> dict:
     """Train `model` with asynchronous RL over the prompts of `jobs_by_prompt` (prompt id -> job payload). Resumes from
@@ -788,6 +803,10 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
     if (ckpt / 'meta.json').exists():
         m = read_meta(ckpt)
         if m.get('stage') == 'rl':
+            changed = config_changes(m.get('rl_config', {}), to_dict(cfg))
+            if changed:
+                raise ConfigError(f'rl: {ckpt} (step {m.get("step")}) was trained with other settings ({"; ".join(changed)}); '
+                                  f'resuming would mix two runs: restore those parameters, or move {out_dir} away to start over')
             load_weights(model, ckpt / 'model.safetensors')
             learner.opt.load_state_dict(torch.load(ckpt / 'optimizer.pt', weights_only=True)['optimizer'])
             learner.version = int(m['step']); sampler = EpochSampler.from_state(m['sampler']); hist = m['history']
@@ -818,6 +837,20 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
             hist['skipped_groups'] += 1; sampler.mark_skipped([group[0].prompt_id]); return False
         return True
 
+    def save():
+        save_checkpoint(ckpt, learner.model, learner.opt, None, learner.version,
+                        {'stage': 'rl', 'sampler': sampler.state(), 'history': hist, 'rl_config': to_dict(cfg), **(meta or {})})
+
+    def exhausted() -> RuntimeError:
+        "Keep what was trained (a checkpoint at this step), then name the counts and the ways out."
+        if learner.version > 0: save()
+        return RuntimeError(
+            f'rl: the single epoch ran out of prompts at step {learner.version} of {end}: of {len(jobs_by_prompt)} prompts '
+            f'{len(sampler.trained)} were trained on and {len(sampler.skipped)} skipped as uninformative '
+            f'(rl.filter_groups={cfg.filter_groups}: every rollout of the group got the same task reward), '
+            f'{hist["dropped_stale"]} stale groups were re-queued; raise rl.n_train_tasks, lower rl.steps or '
+            f'rl.groups_per_step, or set rl.filter_groups to false')
+
     def train_on(groups, wait_s):
         nonlocal busy, samples, seen
         t0 = time.time()
@@ -841,9 +874,7 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
             for k in ('reward_mean', 'best_of_group', 'loss', 'gen_tokens_mean', 'summaries_mean', 'is_weight_mean', 'clipped_frac'):
                 live.log_metric(f'rl/{k}', rec[k])
             for k, v in rec['components'].items(): live.log_metric(f'rl/reward_{k}', v)
-        if learner.version == end or (cfg.ckpt_every and learner.version % cfg.ckpt_every == 0):
-            save_checkpoint(ckpt, learner.model, learner.opt, None, learner.version,
-                            {'stage': 'rl', 'sampler': sampler.state(), 'history': hist, 'rl_config': to_dict(cfg), **(meta or {})})
+        if learner.version == end or (cfg.ckpt_every and learner.version % cfg.ckpt_every == 0): save()
         if on_event: on_event('step', rec, None)
         return state
 
@@ -856,7 +887,7 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
         while learner.version < end:
             t0 = time.time()
             while len(buffer) < B:
-                if not sampler.has_next(): raise RuntimeError(f'rl: the single epoch ran out of prompts at step {learner.version}')
+                if not sampler.has_next(): raise exhausted()
                 jobs = []
                 while len(jobs) < B - len(buffer) and sampler.has_next(): jobs.append(make_job(sampler.next()))
                 got = weights.poll(rv)                 # None: the rollout model already has the latest weights
@@ -880,8 +911,8 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
                     loads = collections.Counter(w for _, w in inflight.values())
                     w = min(range(tr.n_workers), key=lambda x: loads[x])
                     j = make_job(sampler.next()); inflight[j['group_id']] = (j['prompt_id'], w); tr.submit(w, j)
-                if not inflight and not buffer and not sampler.has_next():
-                    raise RuntimeError(f'rl: the single epoch ran out of prompts at step {learner.version}')
+                if not inflight and len(buffer) < B and not sampler.has_next():   # nothing left that could fill a batch
+                    raise exhausted()
                 for ev in tr.poll(0.05):
                     if ev[0] == 'group':
                         _, w, gid, trajs, rs = ev

@@ -185,6 +185,18 @@ def test_killed_trainer_resumes_at_same_data_position(setup, tmp_path):
     assert set(ledger) - set(sstate['trained']) == set(sstate['requeued']) | set(order[sstate['cursor']:][:12 - len(sstate['trained']) - len(sstate['requeued'])])
 
 
+def test_resume_refuses_a_checkpoint_of_other_settings(setup, tmp_path):
+    tok, codec, model = setup
+    R.run_rl(_cfg(steps=1, backend='sync'), copy.deepcopy(model), tok.hf.to_str(), JOBS, R.toy_env_factory, tmp_path)
+    changed = _cfg(steps=2, backend='sync', loss=R.LossConfig(lr=3e-5), group_size=3)
+    with pytest.raises(R.ConfigError, match=r"group_size: 2 -> 3; loss.lr: 0.0001 -> 3e-05.*move"):
+        R.run_rl(changed, copy.deepcopy(model), tok.hf.to_str(), JOBS, R.toy_env_factory, tmp_path)
+    assert R.read_meta(tmp_path / 'ckpt')['step'] == 1                  # the checkpoint is left as it was
+    # more steps and other execution settings are a resume, not another run
+    h = R.run_rl(_cfg(steps=2, backend='sync', n_workers=2, ckpt_every=2), copy.deepcopy(model), tok.hf.to_str(), JOBS,
+                 R.toy_env_factory, tmp_path)
+    assert h['resumed_from'] == 1 and R.read_meta(tmp_path / 'ckpt')['step'] == 2
+
 def test_router_replay_identical_numerics_zero_mismatch(setup):
     tok, codec, model = setup
     m = copy.deepcopy(model).eval()
@@ -318,3 +330,16 @@ def test_uninformative_groups_are_skipped_and_their_prompts_used_up(setup, tmp_p
     rest = [s2.next() for _ in range(100) if s2.has_next()]
     assert not set(rest) & (trained | skipped)
     with pytest.raises(AssertionError, match='used'): s2.mark_skipped([sorted(skipped)[0]])
+
+
+@pytest.mark.parametrize('backend', ['sync', 'local'])
+def test_an_epoch_used_up_by_filtering_stops_with_a_clear_error_and_keeps_progress(setup, tmp_path, backend):
+    # 3 informative prompts in 12: step 1 trains on 2 of them, then no batch of 2 can be filled. The loop must stop
+    # (not wait forever on a half-full buffer), save step 1 though ckpt_every is 0, and say why and what to change.
+    tok, codec, model = setup
+    jobs = {f'p{i:02d}': {'flat': i % 4 != 0} for i in range(12)}
+    cfg = _cfg(n_train_tasks=12, steps=4, groups_per_step=2, backend=backend, filter_groups=True, ckpt_every=0)
+    with pytest.raises(RuntimeError, match=r'ran out of prompts at step 1 of 4.*2 were trained on and 9 skipped.*filter_groups'):
+        R.run_rl(cfg, copy.deepcopy(model), tok.hf.to_str(), jobs, _flat_or_varied, tmp_path)
+    meta = R.read_meta(tmp_path / 'ckpt')
+    assert meta['step'] == 1 and len(meta['sampler']['trained']) == 2 and len(meta['sampler']['skipped']) == 9
