@@ -27,8 +27,8 @@ __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'TRANSPORTS', 'RESUMABLE_CHANGES', 'Se
            'token_logprobs', 'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch', 'LossConfig',
            'Learner', 'EpochSampler', 'WorkerSpec', 'tokenizer_from_json', 'build_rollout_model', 'rollout_groups',
            'LocalTransport', 'RayTransport', 'RLConfig', 'measure_mismatch', 'config_changes', 'run_rl',
-           'harness_env_factory', 'curriculum_system', 'reward_config', 'RLStageConfig', 'stage_rl', 'EvalRLConfig',
-           'heldout_summary', 'paired_difference', 'stage_eval_rl']
+           'harness_env_factory', 'curriculum_system', 'reward_config', 'RLStageConfig', 'category_counts', 'stage_rl',
+           'EvalRLConfig', 'heldout_summary', 'paired_difference', 'stage_eval_rl']
 
 # %% ../nbs/42_rl.ipynb #c005
 NO_ROUTE = 255
@@ -987,6 +987,21 @@ def reward_config(d: dict):
 @dataclass
 class RLStageConfig(RLConfig):
     reward: dict[str, Any] = field(default_factory=dict)
+    categories: list[str] = field(default_factory=list)   # curriculum categories of the training tasks ([]: all six)
+    def __post_init__(self):
+        super().__post_init__()
+        cats = _curriculum().CATEGORIES
+        bad = [c for c in self.categories if c not in cats]
+        check(not bad, f"rl.categories: unknown categories {bad}; categories: {', '.join(cats)}")
+        check(len(set(self.categories)) == len(self.categories), f'rl.categories lists a category twice: {self.categories}')
+
+def category_counts(sampler_state: dict, jobs: dict) -> dict:
+    "Per training category: prompts trained on, prompts skipped as uninformative, and the informative fraction."
+    out = collections.defaultdict(lambda: {'trained': 0, 'skipped': 0})
+    for kind in ('trained', 'skipped'):
+        for pid in sampler_state.get(kind, []):
+            if pid in jobs: out[jobs[pid]['task'].category][kind] += 1
+    return {c: {**v, 'informative_frac': v['trained'] / max(1, v['trained'] + v['skipped'])} for c, v in sorted(out.items())}
 
 def stage_rl(params: str = 'params.yaml') -> dict:
     from composer2.tokenizer import Tokenizer
@@ -998,7 +1013,7 @@ def stage_rl(params: str = 'params.yaml') -> dict:
     tok = Tokenizer.load(root / cfg.tokenizer)
     model, meta = load_model(root / cfg.init)
     C = _curriculum()
-    tasks = C.make_tasks(cfg.n_train_tasks, cfg.task_seed, split='train')
+    tasks = C.make_tasks(cfg.n_train_tasks, cfg.task_seed, split='train', categories=cfg.categories or None)
     system = curriculum_system()
     jobs = {t.id: {'task': t, 'system': system} for t in tasks}
     fac = functools.partial(harness_env_factory, backend=cfg.env_backend, max_turns=cfg.rollout.max_turns,
@@ -1013,11 +1028,13 @@ def stage_rl(params: str = 'params.yaml') -> dict:
          'reward_last_quarter': float(np.mean([s['reward_mean'] for s in last])),
          'staleness_hist': hist['staleness'], 'dropped_stale': hist['dropped_stale'], 'restarts': hist['restarts'],
          'skipped_groups': hist.get('skipped_groups', 0), 'filter_groups': cfg.filter_groups,
-         'mismatch': hist['mismatch'], 'errors': len(hist['errors']),
+         'mismatch': hist['mismatch'], 'errors': len(hist['errors']), 'categories': cfg.categories or list(C.CATEGORIES),
          'curve': [{k: s.get(k) for k in ('step', 'reward_mean', 'best_of_group', 'loss', 'gen_tokens_mean', 'turns_mean',
                                           'summaries_mean', 'is_weight_mean', 'clipped_frac', 'components', 'lengths',
                                           'summaries', 'staleness', 'wall_s', 'groups_seen', 'groups_trained',
                                           'trained_reward_mean', 'kl_ref')} for s in steps]}
+    if (out / 'ckpt' / 'meta.json').exists():      # which training categories carried a signal (informative groups)
+        m['by_category'] = category_counts(json.loads((out / 'ckpt' / 'meta.json').read_text()).get('sampler', {}), jobs)
     try:
         from composer2.rewards import length_penalty
         rcfg = reward_config(cfg.reward); xs = [int(x) for x in np.linspace(0, 4 * rcfg.length_ref, 41)]

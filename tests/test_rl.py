@@ -222,6 +222,22 @@ def test_config_errors():
     with pytest.raises(R.ConfigError, match='group_size'): R.RLConfig(group_size=1)
     with pytest.raises(R.ConfigError, match='single epoch'): R.RLConfig(n_train_tasks=4, steps=4, groups_per_step=2)
     with pytest.raises(R.ConfigError, match='summary_trigger'): R.RolloutConfig(summary_trigger=1.5)
+    with pytest.raises(R.ConfigError, match=r"unknown categories \['cooking'\]"): R.RLStageConfig(categories=['docs', 'cooking'])
+    with pytest.raises(R.ConfigError, match='twice'): R.RLStageConfig(categories=['docs', 'docs'])
+
+
+def test_training_categories_narrow_the_tasks_and_are_counted():
+    from types import SimpleNamespace
+    from composer2.curriculum import make_tasks
+    cfg = R.RLStageConfig(n_train_tasks=6, steps=1, groups_per_step=1, categories=['docs', 'refactor'])
+    tasks = make_tasks(cfg.n_train_tasks, 0, split='train', categories=cfg.categories or None)
+    assert sorted({t.category for t in tasks}) == ['docs', 'refactor']
+    jobs = {t.id: {'task': t} for t in tasks}
+    ids = [t.id for t in tasks]
+    cc = R.category_counts({'trained': ids[:3], 'skipped': ids[3:] + ['not-a-job']}, jobs)
+    assert {c: v['trained'] + v['skipped'] for c, v in cc.items()} == {'docs': 3, 'refactor': 3}
+    assert sum(v['trained'] for v in cc.values()) == 3
+    for v in cc.values(): assert v['informative_frac'] == v['trained'] / (v['trained'] + v['skipped'])
 
 
 @pytest.mark.slow
