@@ -25,3 +25,14 @@ def test_smoke_pipeline_runs_every_stage(tmp_path):
     # a second repro has nothing to do: the lock file captured everything
     r2 = subprocess.run([str(BIN / 'dvc'), 'status'], cwd=ws, env=env, capture_output=True, text=True)
     assert 'up to date' in r2.stdout.lower(), r2.stdout
+    # screening: agent SFT with eval_rl's own seed reproduces the samples eval_rl cached, task by task
+    sc = subprocess.run([str(BIN / 'composer2'), 'screen', 'data/agent_sft/ckpt'], cwd=ws, env=env, capture_output=True, text=True)
+    assert sc.returncode == 0, sc.stderr[-3000:]
+    out, rl = json.loads(sc.stdout), json.loads((m / 'rl.json').read_text())
+    assert out['n_tasks'] == rl['n_heldout'] and out['k'] == out['k_cached'] == [rl['k']]
+    assert out['difference']['diff'] == 0.0 and out['difference']['stderr'] == 0.0
+    assert abs(out['mean'] - rl['heldout_reward']['agent_sft']['mean']) < 1e-12
+    (ws / 'bad.jsonl').write_text('{"model": "agent_sft"}\n')
+    bad = subprocess.run([str(BIN / 'composer2'), 'screen', 'data/rl/ckpt', '--samples', 'bad.jsonl'], cwd=ws, env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and 'bad.jsonl:1: not an eval_rl sample' in bad.stderr, bad.stderr
