@@ -44,9 +44,8 @@ def compare_to_cache(per_task: dict[str, list[float]], cached: dict[str, list[fl
     out = {'n_tasks': len(ids), 'k': k, 'k_cached': k_cached, 'mean': float(np.mean(b)), 'mean_cached': float(np.mean(a)),
            'difference': R.paired_difference(a, b), 'difference_best_of_k': None}
     if k == k_cached and len(k) == 1:
-        out['best_of_k'] = float(np.mean([max(per_task[t]) for t in ids]))
-        out['best_of_k_cached'] = float(np.mean([max(cached[t]) for t in ids]))
-        out['difference_best_of_k'] = R.paired_difference([max(cached[t]) for t in ids], [max(per_task[t]) for t in ids])
+        ba, bb = [max(cached[t]) for t in ids], [max(per_task[t]) for t in ids]
+        out.update(best_of_k=float(np.mean(bb)), best_of_k_cached=float(np.mean(ba)), difference_best_of_k=R.paired_difference(ba, bb))
     return out
 
 # %% ../nbs/43_screen.ipynb #s010

@@ -227,10 +227,9 @@ def test_config_errors():
 
 
 def test_training_categories_narrow_the_tasks_and_are_counted():
-    from types import SimpleNamespace
     from composer2.curriculum import make_tasks
     cfg = R.RLStageConfig(n_train_tasks=6, steps=1, groups_per_step=1, categories=['docs', 'refactor'])
-    tasks = make_tasks(cfg.n_train_tasks, 0, split='train', categories=cfg.categories or None)
+    tasks = make_tasks(cfg.n_train_tasks, 0, split='train', categories=cfg.categories)
     assert sorted({t.category for t in tasks}) == ['docs', 'refactor']
     jobs = {t.id: {'task': t} for t in tasks}
     ids = [t.id for t in tasks]
