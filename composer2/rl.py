@@ -4,7 +4,7 @@
 
 # %% ../nbs/42_rl.ipynb #c002
 from __future__ import annotations
-import collections, copy, functools, json, math, os, queue, random, statistics, sys, time, traceback
+import collections, copy, functools, hashlib, json, math, os, queue, random, statistics, sys, time, traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
@@ -23,12 +23,13 @@ from .train import save_checkpoint, load_model, load_weights, read_meta, model_s
 # %% auto #0
 __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'TRANSPORTS', 'RESUMABLE_CHANGES', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv',
            'toy_env_factory', 'HarnessEnv', 'ChatCodec', 'ManualWeights', 'SharedWeights', 'load_state_into',
-           'publishable_state', 'RolloutConfig', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup', 'segment_batch',
-           'token_logprobs', 'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch', 'LossConfig',
-           'Learner', 'EpochSampler', 'WorkerSpec', 'tokenizer_from_json', 'build_rollout_model', 'rollout_groups',
-           'LocalTransport', 'RayTransport', 'RLConfig', 'measure_mismatch', 'config_changes', 'run_rl',
-           'harness_env_factory', 'curriculum_system', 'reward_config', 'RLStageConfig', 'category_counts', 'stage_rl',
-           'EvalRLConfig', 'heldout_summary', 'paired_difference', 'stage_eval_rl']
+           'publishable_state', 'RolloutConfig', 'sample_coupled', 'episode_generators', 'rollout_batch',
+           'tiny_tokenizer', 'tiny_setup', 'segment_batch', 'token_logprobs', 'group_advantages', 'pg_loss',
+           'kl_penalty', 'informative', 'mismatch', 'LossConfig', 'Learner', 'EpochSampler', 'WorkerSpec',
+           'tokenizer_from_json', 'build_rollout_model', 'rollout_groups', 'LocalTransport', 'RayTransport', 'RLConfig',
+           'measure_mismatch', 'config_changes', 'run_rl', 'harness_env_factory', 'curriculum_system', 'reward_config',
+           'RLStageConfig', 'category_counts', 'stage_rl', 'EvalRLConfig', 'heldout_jobs', 'expected_best_of',
+           'best_of_k_curve', 'heldout_summary', 'paired_difference', 'stage_eval_rl']
 
 # %% ../nbs/42_rl.ipynb #c005
 NO_ROUTE = 255
@@ -236,11 +237,41 @@ class _Row:
 def _sample_row(logits, cfg, gen):
     return sample_next(logits, cfg.temperature, cfg.top_p, gen)
 
+def sample_coupled(logits, temperature: float, top_p: float, gens: list[torch.Generator]):
+    """`sample_next` with one random stream per row, by the Gumbel-max trick: row b takes argmax(log p_b + G_b), the
+    Gumbel noise G_b drawn from `gens[b]`. Returns (tokens [B], log-probabilities of softmax(logits / T))."""
+    if len(gens) != logits.shape[0]: raise ValueError(f'sample_coupled: {len(gens)} generators for {logits.shape[0]} rows')
+    logits = logits.float()
+    if temperature <= 0: return sample_next(logits, temperature, top_p)
+    lp = (logits / temperature).log_softmax(-1)
+    pick = lp
+    if top_p < 1.0:
+        sp, si = lp.exp().sort(-1, descending=True)
+        keep = torch.zeros_like(sp, dtype=torch.bool).scatter_(-1, si, sp.cumsum(-1) - sp < top_p)
+        pick = lp.masked_fill(~keep, float('-inf'))
+    u = torch.stack([torch.rand(lp.shape[-1], generator=g) for g in gens])
+    tok = (pick - torch.log(-torch.log(u))).argmax(-1)        # u = 0 gives -inf: never picked
+    return tok, lp.gather(-1, tok[:, None])[:, 0]
+
+def episode_generators(jobs: list[dict], seed: int) -> list[torch.Generator]:
+    """One random stream per episode of `jobs`, in `rollout_groups`' order (each job's `group_size` samples in turn),
+    seeded from (seed, prompt id, sample index) alone."""
+    out = []
+    for j in jobs:
+        for s in range(j['group_size']):
+            h = hashlib.sha256(f"{seed}\x00{j['prompt_id']}\x00{s}".encode()).digest()
+            out.append(torch.Generator().manual_seed(int.from_bytes(h[:8], 'little') >> 1))
+    return out
+
 @torch.no_grad()
 def rollout_batch(model, codec: ChatCodec, envs: list, cfg: RolloutConfig, weights=None, version: int = 0,
-                  generator: torch.Generator | None = None, on_step: Callable | None = None) -> tuple[list[dict], int]:
+                  generator: torch.Generator | list[torch.Generator] | None = None,
+                  on_step: Callable | None = None) -> tuple[list[dict], int]:
     """Run one episode per env to the end. Returns per-episode dicts {segments, components, turns, n_summaries,
-    summaries} and the weight version the model holds at the end (in-flight updates may have raised it)."""
+    summaries} and the weight version the model holds at the end (in-flight updates may have raised it).
+    `generator`: one stream shared by the batch, or a list with one stream per env (`sample_coupled`)."""
+    if isinstance(generator, list) and len(generator) != len(envs):
+        raise ValueError(f'rollout_batch: {len(generator)} generators for {len(envs)} episodes (one per episode, or one shared)')
     mc = model.cfg
     L, k = mc.n_moe_layers, mc.top_k
     pool = ThreadPoolExecutor(max(1, min(cfg.env_threads, len(envs))))
@@ -267,7 +298,8 @@ def rollout_batch(model, codec: ChatCodec, envs: list, cfg: RolloutConfig, weigh
             out = model(ids, cache=cache, input_lens=lens, return_routes=True)
             rts = out.routes.to(torch.uint8).numpy() if out.routes is not None else np.zeros((0, len(live), T, k), np.uint8)
             last = out.logits[torch.arange(len(live)), lens - 1]
-            tok, lp = _sample_row(last, cfg, generator)
+            if isinstance(generator, list): tok, lp = sample_coupled(last, cfg.temperature, cfg.top_p, [generator[i] for i in live])
+            else: tok, lp = _sample_row(last, cfg, generator)
             ended = []
             for j, i in enumerate(live):
                 r = rows[i]
@@ -1062,13 +1094,30 @@ class EvalRLConfig:
     bench_tasks: int = 12          # real harness tasks run per checkpoint (0: skip)
     bench_context_budget: int = 1024
     seed: int = 0
+    paired_noise: bool = True      # sample s of task i draws from one stream under both checkpoints (common random numbers)
     reward: dict[str, Any] = field(default_factory=dict)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     def __post_init__(self):
         check(self.n_heldout >= 2 and self.k >= 1, 'eval_rl: n_heldout must be >= 2 and k >= 1')
 
-def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads):
-    "Rollouts of one checkpoint on `jobs`: per-task lists of trajectories, and the fp32 model (for mismatch)."
+def heldout_jobs(cfg: EvalRLConfig, root) -> tuple[list[dict], str, Callable]:
+    "`eval_rl`'s held-out jobs (one per task, K samples each), where they came from, and their environment factory."
+    C, root = _curriculum(), Path(root)
+    hf = root / cfg.heldout_file if cfg.heldout_file else None
+    if hf is not None and hf.exists():
+        from composer2.tasks import load_tasks
+        tasks, source = load_tasks(hf)[:cfg.n_heldout], str(cfg.heldout_file)
+    else: tasks, source = C.make_tasks(cfg.n_heldout, cfg.task_seed, split='heldout'), f'make_tasks(seed={cfg.task_seed})'
+    if len(tasks) < 2: raise ConfigError(f'eval_rl: only {len(tasks)} held-out tasks in {source}')
+    system = curriculum_system()
+    jobs = [{'task': t, 'system': system, 'prompt_id': t.id, 'group_id': i, 'group_size': cfg.k} for i, t in enumerate(tasks)]
+    fac = functools.partial(harness_env_factory, backend=cfg.env_backend, max_turns=cfg.rollout.max_turns,
+                            reward_cfg=reward_config(cfg.reward))
+    return jobs, source, fac
+
+def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads, paired_noise: bool = False):
+    """Rollouts of one checkpoint on `jobs`: per-task lists of trajectories, and the fp32 model (for mismatch).
+    `paired_noise`: each episode samples from its own stream (`episode_generators`), else one stream for all."""
     model, _ = load_model(path)
     spec = WorkerSpec(to_dict(model.cfg), tok.hf.to_str(), rc, fac, gpb, threads, seed)
     rmodel, codec = build_rollout_model(spec)
@@ -1076,9 +1125,26 @@ def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads):
     gen = torch.Generator().manual_seed(seed)
     res = []
     for i in range(0, len(jobs), gpb):
-        r, _, _ = rollout_groups(rmodel, codec, spec, jobs[i:i + gpb], None, 0, gen)
+        batch = jobs[i:i + gpb]
+        r, _, _ = rollout_groups(rmodel, codec, spec, batch, None, 0, episode_generators(batch, seed) if paired_noise else gen)
         res += r
     return res, model
+
+def expected_best_of(rewards, K: int) -> float:
+    """The expected best reward of K samples drawn without replacement from `rewards`: an unbiased estimate of best-of-K
+    from n >= K samples (with 0/1 rewards, the pass@k estimator)."""
+    x, n = np.sort(np.asarray(rewards, dtype=float)), len(rewards)
+    check(1 <= K <= n, f'best-of-{K} needs 1 <= K <= {n} (the samples per task)')
+    # the i-th smallest is the best of a K-subset in comb(i, K - 1) of the comb(n, K) subsets
+    return float(sum(math.comb(i, K - 1) * x[i] for i in range(K - 1, n)) / math.comb(n, K))
+
+def best_of_k_curve(per_a: list[list[float]], per_b: list[list[float]], k: int) -> dict:
+    "Best-of-K of two models' per-task samples for K = 1, 2, 4, ... and k, with the paired difference b - a."
+    out = {}
+    for K in sorted({2 ** i for i in range(int(math.log2(k)) + 1)} | {k}):
+        a, b = [expected_best_of(x, K) for x in per_a], [expected_best_of(x, K) for x in per_b]
+        out[str(K)] = {'a': float(np.mean(a)), 'b': float(np.mean(b)), 'difference': paired_difference(a, b)}
+    return out
 
 def heldout_summary(res) -> dict:
     per = [[t.reward for t in ts] for _, ts in res]
@@ -1091,7 +1157,7 @@ def heldout_summary(res) -> dict:
             'resolved': float(np.mean([np.mean([float(t.components.get('resolved', 0.0)) for t in ts]) for _, ts in res])),
             'resolved_by_category': {c: float(np.mean(v)) for c, v in sorted(cats.items())},
             'gen_tokens_mean': float(np.mean([t.gen_tokens for _, ts in res for t in ts])),
-            'per_task_mean': means.tolist(), 'per_task_best': best.tolist()}
+            'per_task_mean': means.tolist(), 'per_task_best': best.tolist(), 'per_task': per}
 
 def paired_difference(a: list[float], b: list[float]) -> dict:
     "Mean of b - a over the same tasks and its standard error."
@@ -1108,25 +1174,18 @@ def stage_eval_rl(params: str = 'params.yaml') -> dict:
     for p in (cfg.sft_ckpt, cfg.rl_ckpt):
         if not (root / p / 'meta.json').exists(): raise FileNotFoundError(f'eval_rl: {p} is not a checkpoint')
     tok = Tokenizer.load(root / cfg.tokenizer)
-    C = _curriculum()
-    hf = root / cfg.heldout_file if cfg.heldout_file else None
-    if hf is not None and hf.exists():
-        from composer2.tasks import load_tasks
-        tasks, source = load_tasks(hf)[:cfg.n_heldout], str(cfg.heldout_file)
-    else: tasks, source = C.make_tasks(cfg.n_heldout, cfg.task_seed, split='heldout'), f'make_tasks(seed={cfg.task_seed})'
-    if len(tasks) < 2: raise ConfigError(f'eval_rl: only {len(tasks)} held-out tasks in {source}')
-    system = curriculum_system()
-    jobs = [{'task': t, 'system': system, 'prompt_id': t.id, 'group_id': i, 'group_size': cfg.k} for i, t in enumerate(tasks)]
-    fac = functools.partial(harness_env_factory, backend=cfg.env_backend, max_turns=cfg.rollout.max_turns,
-                            reward_cfg=reward_config(cfg.reward))
+    jobs, source, fac = heldout_jobs(cfg, root)
     res, summ, models = {}, {}, {}
     for name, p in (('agent_sft', cfg.sft_ckpt), ('rl', cfg.rl_ckpt)):
-        res[name], models[name] = _eval_ckpt(root / p, tok, jobs, fac, cfg.rollout, cfg.groups_per_batch, cfg.seed, cfg.threads)
+        res[name], models[name] = _eval_ckpt(root / p, tok, jobs, fac, cfg.rollout, cfg.groups_per_batch, cfg.seed, cfg.threads,
+                                             cfg.paired_noise)
         summ[name] = heldout_summary(res[name])
     groups = [ts for _, ts in res['rl']][:16]          # 16 groups of fresh RL rollouts are plenty of tokens
     mm = measure_mismatch(models['rl'], groups, 0)
     diff = paired_difference(summ['agent_sft']['per_task_mean'], summ['rl']['per_task_mean'])
     diff_best = paired_difference(summ['agent_sft']['per_task_best'], summ['rl']['per_task_best'])
+    curve = {K: {'agent_sft': v['a'], 'rl': v['b'], 'difference': v['difference']}
+             for K, v in best_of_k_curve(summ['agent_sft']['per_task'], summ['rl']['per_task'], cfg.k).items()}
     # A higher mean reward is only an improvement if the policy still does the work: a policy that learned to stop at
     # once (and so escapes the behaviour and length penalties) raises the mean reward while resolving nothing.
     sig = bool(diff['stderr'] is not None and diff['diff'] > 2 * diff['stderr'])
@@ -1147,10 +1206,11 @@ def stage_eval_rl(params: str = 'params.yaml') -> dict:
     (out / 'samples.jsonl').write_text(''.join(json.dumps(s) + '\n' for s in samples))
     write_resolved(out, eval_rl=cfg)
     m = {'heldout_reward': {n: {'mean': s['mean'], 'stderr': s['stderr']} for n, s in summ.items()},
-         'best_of_k': {n: s['best_of_k'] for n, s in summ.items()}, 'k': cfg.k, 'n_heldout': len(tasks), 'heldout_source': source,
+         'best_of_k': {n: s['best_of_k'] for n, s in summ.items()}, 'k': cfg.k, 'n_heldout': len(jobs), 'heldout_source': source,
+         'paired_noise': cfg.paired_noise,
          'difference': diff, 'difference_best_of_k': diff_best,
          'reward_diff_significant': sig, 'collapsed': collapsed, 'improved': improved, 'verdict': verdict,
-         'best_of_k_improved': bool(diff_best['diff'] > 0),
+         'best_of_k_improved': bool(diff_best['diff'] > 0), 'best_of_k_curve': curve,
          'mismatch_k3': {n: mm[n]['k3'] for n in mm}, 'mismatch_abs_dlogp': {n: mm[n]['abs_dlogp'] for n in mm},
          'mismatch_tokens': mm['replay']['n'], 'rollout_dtype': cfg.rollout.dtype,
          'resolved': {n: s['resolved'] for n, s in summ.items()},

@@ -4,7 +4,7 @@
 
 # %% ../nbs/43_screen.ipynb #s002
 from __future__ import annotations
-import collections, functools, json, time
+import collections, json, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -61,20 +61,12 @@ def screen(ckpt, params: str = 'params.yaml', samples: str | None = None, seed: 
     cache_path = Path(samples) if samples else root / cfg.out_dir / 'samples.jsonl'
     cached = cached_rewards(cache_path, model)
     torch.set_num_threads(cfg.threads)
-    hf = root / cfg.heldout_file if cfg.heldout_file else None
-    if hf is not None and hf.exists():
-        from composer2.tasks import load_tasks
-        tasks = load_tasks(hf)[:cfg.n_heldout]
-    else: tasks = R._curriculum().make_tasks(cfg.n_heldout, cfg.task_seed, split='heldout')
-    system = R.curriculum_system()
-    jobs = [{'task': t, 'system': system, 'prompt_id': t.id, 'group_id': i, 'group_size': cfg.k} for i, t in enumerate(tasks)]
-    fac = functools.partial(R.harness_env_factory, backend=cfg.env_backend, max_turns=cfg.rollout.max_turns,
-                            reward_cfg=R.reward_config(cfg.reward))
+    jobs, _, fac = R.heldout_jobs(cfg, root)
     seed = cfg.seed if seed is None else seed
     res, _ = R._eval_ckpt(root / ckpt, Tokenizer.load(root / cfg.tokenizer), jobs, fac, cfg.rollout, cfg.groups_per_batch,
-                          seed, cfg.threads)
+                          seed, cfg.threads, cfg.paired_noise)
     s = R.heldout_summary(res)
     per_task = {j['task'].id: [t.reward for t in ts] for j, ts in res}
-    return {'ckpt': str(ckpt), 'seed': seed, 'against': {'samples': str(cache_path), 'model': model},
+    return {'ckpt': str(ckpt), 'seed': seed, 'paired_noise': cfg.paired_noise, 'against': {'samples': str(cache_path), 'model': model},
             **compare_to_cache(per_task, cached), 'resolved': s['resolved'], 'resolved_by_category': s['resolved_by_category'],
             'seconds': round(time.time() - t0, 1)}

@@ -358,3 +358,65 @@ def test_an_epoch_used_up_by_filtering_stops_with_a_clear_error_and_keeps_progre
         R.run_rl(cfg, copy.deepcopy(model), tok.hf.to_str(), jobs, _flat_or_varied, tmp_path)
     meta = R.read_meta(tmp_path / 'ckpt')
     assert meta['step'] == 1 and len(meta['sampler']['trained']) == 2 and len(meta['sampler']['skipped']) == 9
+
+
+def test_coupled_sampling_follows_the_distribution_and_couples_nearby_policies():
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0])
+    n = 6000
+    for T, top_p in ((1.0, 1.0), (0.5, 1.0), (1.0, 0.8)):
+        tok, lp = R.sample_coupled(logits.expand(n, -1), T, top_p, R.episode_generators([{'prompt_id': 'x', 'group_size': n}], 0))
+        ref_lp = (logits / T).log_softmax(-1)
+        assert torch.allclose(lp, ref_lp[tok])
+        p = ref_lp.exp()
+        if top_p < 1:                                         # keep the smallest head of mass >= top_p, renormalised
+            sp, si = p.sort(descending=True)
+            keep = torch.zeros_like(p, dtype=torch.bool); keep[si[sp.cumsum(0) - sp < top_p]] = True
+            p = torch.where(keep, p, torch.zeros_like(p)); p = p / p.sum()
+        freq = torch.bincount(tok, minlength=5).double() / n
+        chi2 = float((((freq - p.double()) ** 2) / p.double().clamp_min(1e-12) * n)[p > 0].sum())
+        assert chi2 < 20.5 and (freq[p == 0] == 0).all(), (T, top_p, freq, p)     # 20.5: chi2(4) at p = 0.0004
+    # two nearby policies with the same streams pick the same token far more often than with independent streams
+    q = logits + torch.tensor([0.0, 0.1, -0.1, 0.2, 0.0])
+    a, _ = R.sample_coupled(logits.expand(n, -1), 1.0, 1.0, R.episode_generators([{'prompt_id': 'x', 'group_size': n}], 0))
+    b, _ = R.sample_coupled(q.expand(n, -1), 1.0, 1.0, R.episode_generators([{'prompt_id': 'x', 'group_size': n}], 0))
+    c, _ = R.sample_coupled(q.expand(n, -1), 1.0, 1.0, R.episode_generators([{'prompt_id': 'x', 'group_size': n}], 1))
+    tv = 0.5 * float((logits.softmax(-1) - q.softmax(-1)).abs().sum())
+    assert (a == b).float().mean() > 1 - 3 * tv and (a == c).float().mean() < 0.6
+    with pytest.raises(ValueError, match='2 generators for 3 rows'):
+        R.sample_coupled(logits.expand(3, -1), 1.0, 1.0, R.episode_generators([{'prompt_id': 'x', 'group_size': 2}], 0))
+
+
+def test_episode_streams_do_not_depend_on_the_batch_and_pair_checkpoints(setup):
+    tok, codec, model = setup
+    m = copy.deepcopy(model).eval()
+    rc = _rc(max_new_tokens=10, max_turns=2)
+    jobs = [{'prompt_id': 'a', 'group_size': 2}, {'prompt_id': 'b', 'group_size': 2}]
+    gens = R.episode_generators(jobs, 0)
+    assert len(gens) == 4 and len({int(torch.rand(1, generator=g).item() * 1e9) for g in R.episode_generators(jobs, 0)}) == 4
+    envs = lambda: [R.ToyEnv(turns=2, seed=i) for i in range(4)]
+    batched, _ = R.rollout_batch(m, codec, envs(), rc, generator=gens)
+    for i in range(4):       # each episode alone, with its own stream, takes exactly the tokens it took in the batch
+        alone, _ = R.rollout_batch(m, codec, [envs()[i]], rc, generator=R.episode_generators(jobs, 0)[i:i + 1])
+        assert [s.ids.tolist() for s in alone[0]['segments']] == [s.ids.tolist() for s in batched[i]['segments']]
+    # the same checkpoint twice with the same streams: identical episodes, so the paired difference is exactly zero
+    again, _ = R.rollout_batch(m, codec, envs(), rc, generator=R.episode_generators(jobs, 0))
+    assert [e['components']['total'] for e in again] == [e['components']['total'] for e in batched]
+    other, _ = R.rollout_batch(m, codec, envs(), rc, generator=R.episode_generators(jobs, 1))
+    assert [s.ids.tolist() for e in other for s in e['segments']] != [s.ids.tolist() for e in batched for s in e['segments']]
+    with pytest.raises(ValueError, match='3 generators for 4 episodes'):
+        R.rollout_batch(m, codec, envs(), rc, generator=gens[:3])
+
+
+def test_expected_best_of_matches_brute_force_and_pass_at_k():
+    import itertools
+    rng = np.random.default_rng(0)
+    for n in (1, 4, 7):
+        r = rng.normal(size=n).round(2).tolist()
+        for K in range(1, n + 1):
+            brute = np.mean([max(s) for s in itertools.combinations(r, K)])
+            assert abs(R.expected_best_of(r, K) - brute) < 1e-12
+    for n, c, K in ((10, 3, 4), (16, 1, 16), (16, 0, 2)):      # pass@k = 1 - C(n - c, k) / C(n, k) on 0/1 rewards
+        assert abs(R.expected_best_of([1.0] * c + [0.0] * (n - c), K) - (1 - math.comb(n - c, K) / math.comb(n, K))) < 1e-12
+    with pytest.raises(R.ConfigError, match='best-of-0 needs'): R.expected_best_of([1.0], 0)
+    cv = R.best_of_k_curve([[0.0, 1.0, 0.0, 0.0]] * 3, [[0.0, 0.0, 0.0, 0.0]] * 3, 4)
+    assert list(cv) == ['1', '2', '4'] and cv['4']['difference']['diff'] == -1.0 and cv['2']['a'] == 0.5
