@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, importlib, json, sys, time
 from .config import ConfigError, make_workspace
-from .train import CheckpointError
+from .io import CheckpointError
 
 # %% auto #0
 __all__ = ['STAGES', 'resolve_stage', 'main']
@@ -62,5 +62,5 @@ def main(argv=None):
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr); return 2
 
-# %% ../nbs/90_cli.ipynb #c007
+# %% ../nbs/90_cli.ipynb #c009
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())

@@ -153,9 +153,10 @@ def write_json(path, obj, indent=2):
     os.replace(tmp, path)
 
 def write_resolved(out_dir, **cfgs):
-    "Record the resolved configs of a run (and the git commit) as `out_dir/config.json`."
-    write_json(Path(out_dir) / 'config.json',
-               {'git_commit': git_commit(), **{k: (to_dict(v) if is_dataclass(v) else v) for k, v in cfgs.items()}})
+    """Record the resolved configs of a run as `out_dir/config.json`. Only what the inputs determine goes in (no git
+    commit, no clock), so an output folder hashes the same whenever it is rebuilt from the same inputs; the commit
+    goes to the stage's provenance file (`composer2.stages.write_metrics`)."""
+    write_json(Path(out_dir) / 'config.json', {k: (to_dict(v) if is_dataclass(v) else v) for k, v in cfgs.items()})
 
 # %% ../nbs/00_config.ipynb #c017
 def make_workspace(profile: str, dest, repo=None) -> Path:

@@ -14,9 +14,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, check, from_dict, to_dict, load_section, repo_root, write_json, write_resolved, git_commit
+from .config import ConfigError, check, from_dict, to_dict, load_section, repo_root, write_json, write_resolved
+from .io import write_checkpoint
 from .model import Block, ModelConfig, RMSNorm, Transformer
-from .train import Batch, CheckpointError, TrainConfig, WindowSampler, load_model, lr_lambda, read_meta, perplexity, _sha256
+from .train import Batch, CheckpointError, TrainConfig, WindowSampler, load_model, lr_lambda, read_meta, perplexity
 
 # %% auto #0
 __all__ = ['MTPModule', 'MTPHeads', 'mtp_ce', 'mtp_kl', 'MTPTrainConfig', 'train_mtp', 'acceptance_stats', 'save_mtp', 'load_mtp',
@@ -182,21 +183,9 @@ def acceptance_stats(model: Transformer, mtp: MTPHeads, stream, seq_len: int = 1
 def save_mtp(path, model: Transformer, mtp: MTPHeads, meta: dict | None = None):
     "Atomically write a checkpoint holding the main model (`model.safetensors`) and the MTP heads (`mtp.safetensors`)."
     from safetensors.torch import save_model
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.tmp-{uuid.uuid4().hex[:8]}'); tmp.mkdir()
-    try:
-        save_model(model, str(tmp / 'model.safetensors')); save_model(mtp, str(tmp / 'mtp.safetensors'))
-        files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
-        m = {'model_config': to_dict(model.cfg), 'mtp': {'depth': mtp.depth, 'moe': mtp.moe, 'model_config': to_dict(mtp.cfg)},
-             'git_commit': git_commit(), 'files': files, **(meta or {})}
-        (tmp / 'meta.json').write_text(json.dumps(m, indent=2, default=str))
-        old = None
-        if path.exists(): old = path.with_name(f'.{path.name}.old-{uuid.uuid4().hex[:8]}'); os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None: shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
-    return path
+    def write(tmp): save_model(model, str(tmp / 'model.safetensors')); save_model(mtp, str(tmp / 'mtp.safetensors'))
+    return write_checkpoint(path, write, {'model_config': to_dict(model.cfg),
+                                          'mtp': {'depth': mtp.depth, 'moe': mtp.moe, 'model_config': to_dict(mtp.cfg)}, **(meta or {})})
 
 def load_mtp(path, device='cpu') -> tuple[Transformer, MTPHeads, dict]:
     "Load (main model, MTP heads, meta) from a `save_mtp` checkpoint, verifying every file."

@@ -14,12 +14,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .config import ConfigError, check, from_dict, git_commit, to_dict, write_json
+from .config import ConfigError, check, from_dict, to_dict, write_json
+from .io import CheckpointError, read_meta, sha256_file, write_checkpoint
 from .model import ModelConfig, Transformer
 
 # %% auto #0
-__all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'CheckpointError', 'model_state', 'load_weights',
-           'save_checkpoint', 'read_meta', 'load_model', 'autocast_ctx', 'masked_ce', 'perplexity', 'train']
+__all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'model_state', 'load_weights', 'save_checkpoint', 'load_model',
+           'autocast_ctx', 'masked_ce', 'perplexity', 'train']
 
 # %% ../nbs/05_train.ipynb #c005
 @dataclass
@@ -93,15 +94,6 @@ class WindowSampler:
         return Batch(t[:, :-1], t[:, 1:], torch.ones_like(t[:, 1:]))
 
 # %% ../nbs/05_train.ipynb #c011
-class CheckpointError(ValueError):
-    "A checkpoint that is missing, incomplete or corrupt."
-
-def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''): h.update(chunk)
-    return h.hexdigest()
-
 def model_state(model) -> dict:
     "The weights to save: contiguous CPU copies, without the head when it is tied to the embedding."
     tied = getattr(getattr(model, 'cfg', None), 'tie_embeddings', False)
@@ -120,39 +112,14 @@ def load_weights(model, path, device='cpu'):
     if tied: model.head.weight = model.embed.weight
 
 def save_checkpoint(path, model: Transformer, optimizer=None, scheduler=None, step: int = 0, meta: dict | None = None):
-    "Atomically write a checkpoint directory."
+    "Atomically write a checkpoint directory (through `composer2.io.write_checkpoint`, the one checkpoint writer)."
     from safetensors.torch import save_file
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.tmp-{uuid.uuid4().hex[:8]}')
-    tmp.mkdir()
-    try:
+    def write(tmp):
         save_file(model_state(model), str(tmp / 'model.safetensors'))
         if optimizer is not None:
             torch.save({'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict() if scheduler else None},
                        tmp / 'optimizer.pt')
-        files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
-        m = {'step': step, 'model_config': to_dict(model.cfg), 'git_commit': git_commit(), 'files': files, **(meta or {})}
-        (tmp / 'meta.json').write_text(json.dumps(m, indent=2, default=str))
-        old = None
-        if path.exists():
-            old = path.with_name(f'.{path.name}.old-{uuid.uuid4().hex[:8]}'); os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None: shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
-    return path
-
-def read_meta(path) -> dict:
-    path = Path(path)
-    if not (path / 'meta.json').exists():
-        raise CheckpointError(f"{path} is not a checkpoint (no meta.json){'' if path.exists() else ': the directory does not exist'}")
-    try: meta = json.loads((path / 'meta.json').read_text())
-    except json.JSONDecodeError as e: raise CheckpointError(f"{path}/meta.json is corrupt: {e}") from None
-    for name, sha in meta.get('files', {}).items():
-        f = path / name
-        if not f.exists(): raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
-        if _sha256(f) != sha: raise CheckpointError(f"checkpoint file {f} is corrupt or truncated (sha256 mismatch)")
-    return meta
+    return write_checkpoint(path, write, {'step': step, 'model_config': to_dict(model.cfg), **(meta or {})})
 
 def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
     "Rebuild the model of a checkpoint (config from its meta, weights verified); `overrides` change config keys."
