@@ -8,7 +8,7 @@ STAMP := $(VENV)/.composer2-installed
 PROFILE ?= default
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-fast repro nbcheck export clean-nbs bench report sysdeps
+.PHONY: install test test-fast repro nbcheck export clean-nbs bench report sysdeps notebooks lab dvc-deps
 
 $(STAMP): requirements.lock settings.ini setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,9 +34,29 @@ nbcheck: $(STAMP)
 	  git status --porcelain -- composer2 nbs; git --no-pager diff --stat -- composer2 nbs; \
 	  echo "error: nbdev_export/nbdev_clean changed committed files: export and clean the notebooks, then commit"; exit 1; fi
 
+# Numerics-sensitive tests run a second time on ATen's portable kernels (no AVX2/AVX512), so a result that only
+# holds on one CPU's vector path fails here rather than on a user's machine.
 test: install nbcheck
 	$(BIN)/python -m pytest -q tests
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m numerics tests
 	$(BIN)/nbdev_test --n_workers 2 --timing
+
+# Every notebook top to bottom as a user runs it in Jupyter (no IN_TEST), each within NB_TIMEOUT seconds.
+NB_TIMEOUT ?= 300
+notebooks: install
+	@mkdir -p .nbrun; rm -f .nbrun/failed; \
+	find nbs -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | sort | xargs -P 2 -I{} sh -c '\
+	  t0=$$(date +%s); out=.nbrun/$$(echo {} | tr / _); \
+	  if timeout $(NB_TIMEOUT) $(BIN)/jupyter nbconvert --to notebook --execute --output-dir .nbrun --output "$$(basename $$out)" {} >$$out.log 2>&1; \
+	  then echo "ok   $$(( $$(date +%s) - t0 ))s {}"; else echo "FAIL $$(( $$(date +%s) - t0 ))s {} (log: $$out.log)"; echo {} >>.nbrun/failed; tail -5 $$out.log; fi'; \
+	if [ -s .nbrun/failed ]; then echo "error: notebooks failed or ran past $(NB_TIMEOUT)s:"; cat .nbrun/failed; exit 1; fi
+
+lab: install
+	$(BIN)/jupyter lab nbs
+
+# Rewrite dvc.yaml's code dependencies from the imports (tests/test_layers.py checks that they are current).
+dvc-deps: $(STAMP)
+	$(BIN)/composer2 dvc-deps
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x tests -m "not slow"
