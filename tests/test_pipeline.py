@@ -26,20 +26,27 @@ def test_smoke_pipeline_runs_every_stage(tmp_path):
     r2 = subprocess.run([str(BIN / 'dvc'), 'status'], cwd=ws, env=env, capture_output=True, text=True)
     assert 'up to date' in r2.stdout.lower(), r2.stdout
     # provenance (commit, clock) lies beside the outputs, so re-running stages on unchanged inputs writes the same
-    # output hashes: forcing data, tokenizer and base again leaves every stage downstream up to date
+    # output hashes: forcing data and tokenizer again leaves every stage downstream up to date. base's metrics carry
+    # its timings (read by the report), so after forcing base only its report may be out of date; its checkpoint
+    # hashes the same.
     for stage in ['data', 'tokenizer', 'base']:
         prov = json.loads((ws / 'reports' / 'provenance' / f'{stage}.json').read_text())
         assert prov['git_commit'] and prov['wall_s'] >= 0
-    lock = (ws / 'dvc.lock').read_text()
-    for stage in ['data', 'tokenizer', 'base']:
-        r3 = subprocess.run([str(BIN / 'dvc'), 'repro', '--force', '--single-item', stage], cwd=ws, env=env, capture_output=True, text=True, timeout=600)
-        assert r3.returncode == 0, r3.stdout[-3000:] + r3.stderr[-3000:]
-    r4 = subprocess.run([str(BIN / 'dvc'), 'status'], cwd=ws, env=env, capture_output=True, text=True)
-    assert 'up to date' in r4.stdout.lower(), r4.stdout
     import yaml
-    outs = lambda t: {n: s.get('outs') for n, s in yaml.safe_load(t)['stages'].items() if n in ('data', 'tokenizer', 'base')}
-    strip = lambda o: {n: [x for x in v if 'provenance' not in x['path'] and 'metrics' not in x['path'] and 'live' not in x['path']] for n, v in o.items()}
-    assert strip(outs((ws / 'dvc.lock').read_text())) == strip(outs(lock))       # the cached outputs' hashes, unchanged
+    lock = lambda: yaml.safe_load((ws / 'dvc.lock').read_text())['stages']
+    before = lock()
+    def force(stage):
+        r = subprocess.run([str(BIN / 'dvc'), 'repro', '--force', '--single-item', stage], cwd=ws, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    def stale():
+        r = subprocess.run([str(BIN / 'dvc'), 'status', '--json'], cwd=ws, env=env, capture_output=True, text=True)
+        return set(json.loads(r.stdout or '{}'))
+    force('data'); force('tokenizer')
+    assert stale() == set(), stale()
+    force('base')
+    assert stale() <= {'report'}, stale()
+    cached = lambda st: [o for o in st['outs'] if not o['path'].startswith('reports/')]
+    for stage in ['data', 'tokenizer', 'base']: assert cached(lock()[stage]) == cached(before[stage]), stage
     # screening: agent SFT with eval_rl's own seed reproduces the samples eval_rl cached, task by task
     sc = subprocess.run([str(BIN / 'composer2'), 'screen', 'data/agent_sft/ckpt'], cwd=ws, env=env, capture_output=True, text=True)
     assert sc.returncode == 0, sc.stderr[-3000:]
