@@ -24,7 +24,7 @@ STAGES = {
     'lowp': 'composer2.lowp:stage',
     'tasks': 'composer2.tasks:stage',
     'bench': 'composer2.bench:stage',
-    'agent_sft': 'composer2.curriculum:stage',
+    'agent_sft': 'composer2.stages.agent_sft:run',
     'rl': 'composer2.rl:stage_rl',
     'eval_rl': 'composer2.rl:stage_eval_rl',
 }

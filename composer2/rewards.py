@@ -5,7 +5,7 @@
 # %% ../nbs/41_rewards.ipynb #c002
 from __future__ import annotations
 import json, math, re
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 from typing import Literal
 
 from .chat import ToolCall, parse_assistant
