@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from composer2.model import ModelConfig, Transformer
-from composer2.mtp import MTPHeads, MTPTrainConfig, decode_comparison, load_mtp, train_mtp
+from composer2.mtp import MTPHeads, MTPTrainConfig, load_mtp, train_mtp
+from composer2.speculative import decode_comparison
 from composer2.train import TrainConfig, WindowSampler, train
 
 

@@ -20,8 +20,8 @@ STAGES = {
     'long_context': 'composer2.parallel:stage_long_context_cp',  # cp_size 1: composer2.pretrain's stage, unchanged
     'sft': 'composer2.sft:stage',
     'eval': 'composer2.evaluate:stage',
-    'mtp': 'composer2.mtp:stage',
-    'lowp': 'composer2.lowp:stage',
+    'mtp': 'composer2.stages.mtp:run',
+    'lowp': 'composer2.stages.lowp:run',
     'tasks': 'composer2.tasks:stage',
     'bench': 'composer2.bench:stage',
     'agent_sft': 'composer2.stages.agent_sft:run',

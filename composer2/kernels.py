@@ -11,6 +11,7 @@ from typing import Literal, Optional
 import torch
 
 from . import quant as Q
+from .quant import check_counts, check_grouped, grouped_linear
 
 # %% auto #0
 __all__ = ['KERNEL_FILES', 'BLACKWELL_ONLY', 'TC_MIN_CAPABILITY', 'kernels_dir', 'kernel_source', 'cuda_available', 'get_module',
@@ -21,6 +22,8 @@ __all__ = ['KERNEL_FILES', 'BLACKWELL_ONLY', 'TC_MIN_CAPABILITY', 'kernels_dir',
            'emulate_grouped_gemm_tc']
 
 # %% ../nbs/22_kernels.ipynb #c006
+_READS = ('kernels/*.cu', 'kernels/*.cuh', 'kernels/host_emulation.cpp')
+"Repository files this module reads at run time: the CUDA sources, their shared header, the host-emulation build."
 KERNEL_FILES = {'quant.cu': ('--fmad=false',), 'grouped_gemm.cu': (), 'grouped_gemm_tc.cu': ()}
 "Each CUDA source and its extra compile options (the quantizers must not contract into FMAs). `grouped_gemm_tc.cu` needs sm_80+."
 BLACKWELL_ONLY: set = set()
@@ -99,11 +102,11 @@ def nvfp4_quantize(x: torch.Tensor, scale: Literal['tensor', 'row'] = 'tensor', 
                    generator: Optional[torch.Generator] = None) -> Q.NVFP4Tensor:
     "NVFP4 quantize: CUDA kernels for CUDA tensors, `composer2.quant.quantize_nvfp4` otherwise."
     if not _use_kernel(x): return Q.quantize_nvfp4(x, scale=scale, block2d=block2d, sr=sr, u=u, generator=generator)
-    xf = Q._as_f32(x, 'nvfp4_quantize').contiguous()
+    xf = Q.as_f32(x, 'nvfp4_quantize').contiguous()
     if scale not in ('tensor', 'row'): raise ValueError(f"nvfp4_quantize: scale must be 'tensor' or 'row', got {scale!r}")
     if block2d and (scale != 'tensor' or xf.dim() < 2): raise ValueError("nvfp4_quantize: block2d needs scale='tensor' and >= 2 dims")
     shape = tuple(xf.shape); K = shape[-1]; R = xf.numel() // K; kp = -(-K // 16) * 16; nb = kp // 16; lead = shape[:-1]
-    Q._check_u(u, lead + (kp,), 'nvfp4_quantize')
+    Q.check_u(u, lead + (kp,), 'nvfp4_quantize')
     if sr and u is None: u = torch.rand((R, kp), generator=generator, device=xf.device, dtype=torch.float32)
     uu = None if not sr else u.to(torch.float32).contiguous()
     dev = xf.device
@@ -143,11 +146,11 @@ def mxfp8_quantize(x: torch.Tensor, elem: Literal['e4m3', 'e5m2'] = 'e4m3', rule
                    generator: Optional[torch.Generator] = None) -> Q.MXFP8Tensor:
     "MXFP8 quantize: CUDA kernel for CUDA tensors, `composer2.quant.quantize_mxfp8` otherwise."
     if not _use_kernel(x): return Q.quantize_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u, generator=generator)
-    xf = Q._as_f32(x, 'mxfp8_quantize').contiguous()
+    xf = Q.as_f32(x, 'mxfp8_quantize').contiguous()
     if elem not in Q.MX_ELEMS: raise ValueError(f"mxfp8_quantize: elem must be 'e4m3' or 'e5m2', got {elem!r}")
     if rule not in ('floor', 'rceil'): raise ValueError(f"mxfp8_quantize: rule must be 'floor' or 'rceil', got {rule!r}")
     shape = tuple(xf.shape); K = shape[-1]; R = xf.numel() // K; kp = -(-K // 32) * 32; nb = kp // 32; lead = shape[:-1]
-    Q._check_u(u, lead + (kp,), 'mxfp8_quantize')
+    Q.check_u(u, lead + (kp,), 'mxfp8_quantize')
     if sr and u is None: u = torch.rand((R, kp), generator=generator, device=xf.device, dtype=torch.float32)
     uu = None if not sr else u.to(torch.float32).contiguous()
     data = torch.empty(R, kp, dtype=torch.uint8, device=xf.device)
@@ -179,8 +182,7 @@ def _tiles(c, device):
 
 def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Tensor:
     "fp32 grouped GEMM: kernel on CUDA, per-expert torch matmul otherwise."
-    from composer2.lowp import _check_grouped, grouped_linear
-    c = _check_grouped(x_sorted, w, counts, 'grouped_gemm')
+    c = check_grouped(x_sorted, w, counts, 'grouped_gemm')
     if not _use_kernel(x_sorted): return grouped_linear(x_sorted.float(), w.float(), c)
     a, b = x_sorted.float().contiguous(), w.float().contiguous()
     N, O, K = a.shape[0], b.shape[1], a.shape[1]
@@ -189,6 +191,7 @@ def grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Tenso
     if tiles.shape[0]: launch('grouped_gemm.cu', 'grouped_gemm_f32', (_grid(O, 64), tiles.shape[0]), 256, a, b, tiles, _i32(O), _i32(K), out)
     return out
 
+# %% ../nbs/22_kernels.ipynb #c019
 TC_MIN_CAPABILITY = (8, 0)
 "bf16 `wmma` (the tensor-core grouped GEMMs in `grouped_gemm_tc.cu`) needs compute capability 8.0 or newer."
 
@@ -218,6 +221,7 @@ def _same_device(who, *ts):
     devs = {t.device for t in ts}
     if len(devs) > 1: raise ValueError(f"{who}: operands are on different devices: {sorted(map(str, devs))}")
 
+# %% ../nbs/22_kernels.ipynb #c022
 def quantize_experts_nvfp4(w: torch.Tensor):
     "Per-expert tensor-scaled 16x16 NVFP4 of w [E, out, in]: (codes [E, out, Kp/2], scales [E, out, Kp/16], s_enc [E])."
     qs = [nvfp4_quantize(w[e], 'tensor', block2d=True) for e in range(w.shape[0])]
@@ -243,8 +247,7 @@ def nvfp4_grouped_gemm_q(xq: Q.NVFP4Tensor, wq, counts, tensor_cores: Optional[b
     otherwise the reference (dequantise with `composer2.quant`, one fp32 matmul per expert). fp32 [N, O]."""
     who = 'nvfp4_grouped_gemm_q'
     N, K, kp, E, O = _check_nvfp4_operands(xq, wq, who)
-    from composer2.lowp import _check_counts, grouped_linear
-    c = _check_counts(counts, E, N, who)
+    c = check_counts(counts, E, N, who)
     bc, bs, be = wq
     dev = xq.codes.device
     if not _use_kernel(xq.codes):
@@ -266,13 +269,13 @@ def nvfp4_grouped_gemm_q(xq: Q.NVFP4Tensor, wq, counts, tensor_cores: Optional[b
 
 def nvfp4_grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts, tensor_cores: Optional[bool] = None) -> torch.Tensor:
     "NVFP4 forward of the expert GEMMs (x row scaled, w per-expert 16x16 tiles), fp32 out: quantise, then `nvfp4_grouped_gemm_q`."
-    from composer2.lowp import _check_grouped
-    c = _check_grouped(x_sorted, w, counts, 'nvfp4_grouped_gemm')
+    c = check_grouped(x_sorted, w, counts, 'nvfp4_grouped_gemm')
     if x_sorted.shape[0] == 0:
         _check_tc(tensor_cores, 'nvfp4_grouped_gemm')
         return torch.zeros(0, w.shape[1], dtype=torch.float32, device=x_sorted.device)
     return nvfp4_grouped_gemm_q(nvfp4_quantize(x_sorted, 'row'), quantize_experts_nvfp4(w), c, tensor_cores=tensor_cores)
 
+# %% ../nbs/22_kernels.ipynb #c025
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 def _check_mxfp8_operands(xq, wq, who):
@@ -295,8 +298,7 @@ def mxfp8_grouped_gemm_q(xq: Q.MXFP8Tensor, wq: Q.MXFP8Tensor, counts, tensor_co
     there is no SIMT MXFP8 kernel) the reference on the operands' device: dequantise, one fp32 matmul per expert."""
     who = 'mxfp8_grouped_gemm_q'
     N, K, kp, E, O = _check_mxfp8_operands(xq, wq, who)
-    from composer2.lowp import _check_counts, grouped_linear
-    c = _check_counts(counts, E, N, who)
+    c = check_counts(counts, E, N, who)
     dev = xq.data.device
     tc = _use_tc(tensor_cores, dev, who) if _use_kernel(xq.scales) else False
     if not tc:
@@ -315,8 +317,7 @@ def mxfp8_grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts, elem: Li
                        w_elem: Optional[str] = None, rule: Literal['floor', 'rceil'] = 'floor',
                        tensor_cores: Optional[bool] = None) -> torch.Tensor:
     "MXFP8 grouped GEMM from fp32: quantise x [N, K] (`elem`) and w [E, O, K] (`w_elem`, default `elem`) along K, then `mxfp8_grouped_gemm_q`."
-    from composer2.lowp import _check_grouped
-    c = _check_grouped(x_sorted, w, counts, 'mxfp8_grouped_gemm')
+    c = check_grouped(x_sorted, w, counts, 'mxfp8_grouped_gemm')
     w_elem = elem if w_elem is None else w_elem
     if x_sorted.shape[0] == 0 or w.shape[0] * w.shape[1] == 0:
         for el in (elem, w_elem):
@@ -324,7 +325,7 @@ def mxfp8_grouped_gemm(x_sorted: torch.Tensor, w: torch.Tensor, counts, elem: Li
         return torch.zeros(x_sorted.shape[0], w.shape[1], dtype=torch.float32, device=x_sorted.device)
     return mxfp8_grouped_gemm_q(mxfp8_quantize(x_sorted, elem, rule), mxfp8_quantize(w, w_elem, rule), c, tensor_cores=tensor_cores)
 
-# %% ../nbs/22_kernels.ipynb #c018
+# %% ../nbs/22_kernels.ipynb #c030
 def build_host_emulation(out_dir: Optional[str] = None):
     "Compile kernels/host_emulation.cpp with g++ (-O2, no FP contraction) and load it with ctypes."
     import ctypes, tempfile
@@ -346,7 +347,7 @@ def _cptr(t):
 
 def emulate_nvfp4(lib, x: torch.Tensor, scale='tensor', block2d=False, u=None) -> Q.NVFP4Tensor:
     "NVFP4-quantise a CPU tensor with the kernels' arithmetic (host build)."
-    xf = Q._as_f32(x, 'emulate_nvfp4').contiguous(); shape = tuple(xf.shape); K = shape[-1]; R = xf.numel() // K
+    xf = Q.as_f32(x, 'emulate_nvfp4').contiguous(); shape = tuple(xf.shape); K = shape[-1]; R = xf.numel() // K
     kp = -(-K // 16) * 16; lead = shape[:-1]
     codes = torch.zeros(R, kp // 2, dtype=torch.uint8); sc = torch.zeros(R, kp // 16, dtype=torch.uint8)
     se = torch.zeros(R if scale == 'row' else 1)
@@ -363,7 +364,7 @@ def emulate_nvfp4_dequantize(lib, q: Q.NVFP4Tensor) -> torch.Tensor:
 
 def emulate_mxfp8(lib, x: torch.Tensor, elem='e4m3', rule='floor', u=None) -> Q.MXFP8Tensor:
     "MXFP8-quantise a CPU tensor with the kernels' arithmetic (host build)."
-    xf = Q._as_f32(x, 'emulate_mxfp8').contiguous(); shape = tuple(xf.shape); K = shape[-1]; R = xf.numel() // K
+    xf = Q.as_f32(x, 'emulate_mxfp8').contiguous(); shape = tuple(xf.shape); K = shape[-1]; R = xf.numel() // K
     kp = -(-K // 32) * 32; lead = shape[:-1]
     d = torch.zeros(R, kp, dtype=torch.uint8); sc = torch.zeros(R, kp // 32, dtype=torch.uint8)
     lib.emu_mxfp8_quantize(_cptr(xf), R, K, int(elem == 'e5m2'), int(rule == 'rceil'),
@@ -376,7 +377,7 @@ def emulate_mxfp8_dequantize(lib, q: Q.MXFP8Tensor) -> torch.Tensor:
                              int(q.elem == 'e5m2'), _cptr(out))
     return out
 
-# %% ../nbs/22_kernels.ipynb #c018b
+# %% ../nbs/22_kernels.ipynb #c031
 def emulate_dequantize_bf16(lib, q) -> torch.Tensor:
     "bf16 operand tile values (as fp32, K-padded [rows, Kp]) that the tensor-core loaders produce from an NVFP4/MXFP8 tensor."
     if isinstance(q, Q.NVFP4Tensor):
@@ -397,8 +398,7 @@ def emulate_grouped_gemm_tc(lib, xq, wq, counts) -> torch.Tensor:
         N, K, kp, E, O = _check_mxfp8_operands(xq, wq, 'emulate_grouped_gemm_tc')
         args = (1, xq.data.view(torch.uint8).contiguous(), xq.scales.contiguous(), None, int(xq.elem == 'e5m2'),
                 wq.data.view(torch.uint8).contiguous(), wq.scales.contiguous(), None, int(wq.elem == 'e5m2'))
-    from composer2.lowp import _check_counts
-    c = _check_counts(counts, E, N, 'emulate_grouped_gemm_tc')
+    c = check_counts(counts, E, N, 'emulate_grouped_gemm_tc')
     tiles = _tiles(c, 'cpu').contiguous(); out = torch.zeros(N, O)
     lib.emu_grouped_gemm_tc(*[_cptr(a) if (a is None or isinstance(a, torch.Tensor)) else a for a in args],
                             _cptr(tiles), tiles.shape[0], O, kp, _cptr(out))

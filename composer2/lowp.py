@@ -5,17 +5,18 @@
 # %% ../nbs/21_lowp.ipynb #c003
 from __future__ import annotations
 import contextlib
-from dataclasses import dataclass, asdict, replace
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 import torch
 
 from . import quant as Q
+from .kernels import mxfp8_fake_quant, nvfp4_fake_quant
+from .quant import check_grouped, expert_segments, grouped_linear
 
 # %% auto #0
 __all__ = ['PRECISIONS', 'LowpConfig', 'get_lowp_config', 'set_lowp_config', 'lowp_config', 'LowpLinearFn', 'lowp_linear',
-           'grad_errors', 'grouped_linear', 'LowpGroupedFn', 'lowp_grouped_linear', 'train_mlp', 'LowpStageConfig',
-           'run_lowp', 'stage']
+           'grad_errors', 'LowpGroupedFn', 'lowp_grouped_linear', 'train_mlp']
 
 # %% ../nbs/21_lowp.ipynb #c006
 @dataclass
@@ -37,6 +38,9 @@ class LowpConfig:
 
 _CONFIG = LowpConfig()
 
+PRECISIONS = ('high', 'nvfp4_mxfp8')
+"The model precisions (`ModelConfig.precision`): `high`, and the NVFP4-forward / MXFP8-backward path of this module."
+
 def get_lowp_config() -> LowpConfig: return _CONFIG
 
 def set_lowp_config(cfg: LowpConfig) -> LowpConfig:
@@ -56,14 +60,12 @@ def lowp_config(**kw):
 # %% ../nbs/21_lowp.ipynb #c009
 def _fq4(x, scale, block2d, cfg):
     if cfg.kernels and x.is_cuda:
-        from composer2.kernels import nvfp4_fake_quant
         return nvfp4_fake_quant(x, scale=scale, block2d=block2d)
     return Q.fake_quant_nvfp4(x, scale=scale, block2d=block2d)
 
 def _fq8(x, elem, cfg, sr=False):
     "MXFP8 fake quantisation along the last dim (x must be 2-D, reduction dim last)."
     if cfg.kernels and x.is_cuda:
-        from composer2.kernels import mxfp8_fake_quant
         return mxfp8_fake_quant(x, elem=elem, rule=cfg.rule, sr=sr)
     return Q.fake_quant_mxfp8(x, elem=elem, rule=cfg.rule, sr=sr)
 
@@ -140,30 +142,6 @@ def grad_errors(x, w, cfg: Optional[LowpConfig] = None, seed: int = 0) -> dict:
     return {'dx': rel(xl.grad, xs.grad), 'dw': rel(wl.grad, ws.grad)}
 
 # %% ../nbs/21_lowp.ipynb #c018
-def _check_grouped(x, w, counts, who):
-    if x.dim() != 2 or w.dim() != 3: raise ValueError(f"{who}: x_sorted must be [N, in] and w [E, out, in], got {tuple(x.shape)} and {tuple(w.shape)}")
-    if x.shape[1] != w.shape[2]: raise ValueError(f"{who}: x_sorted has {x.shape[1]} features but w expects {w.shape[2]}")
-    return _check_counts(counts, w.shape[0], x.shape[0], who)
-
-def _check_counts(counts, E, N, who):
-    "Rows per expert as a list of ints: `E` entries, non-negative, summing to the `N` rows."
-    c = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
-    if len(c) != E: raise ValueError(f"{who}: counts has {len(c)} entries for {E} experts")
-    if any((not isinstance(n, int)) or isinstance(n, bool) or n < 0 for n in c): raise ValueError(f"{who}: counts must be non-negative integers, got {c}")
-    if sum(c) != N: raise ValueError(f"{who}: counts sum to {sum(c)} but the activations have {N} rows")
-    return c
-
-def _segments(c):
-    o = 0
-    for e, n in enumerate(c):
-        yield e, o, n; o += n
-
-def grouped_linear(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Tensor:
-    "High-precision reference: rows of expert e are `x_sorted[seg_e] @ w[e].T`; one matmul per expert."
-    c = _check_grouped(x_sorted, w, counts, 'grouped_linear')
-    outs = [x_sorted[o:o + n] @ w[e].t() for e, o, n in _segments(c) if n]
-    return torch.cat(outs) if outs else x_sorted.new_zeros(0, w.shape[1])
-
 class LowpGroupedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, c, cfg):
@@ -171,7 +149,7 @@ class LowpGroupedFn(torch.autograd.Function):
         y = x.new_zeros(N, O, dtype=torch.float32)
         if N:
             xq = _fq4(x, 'row', False, cfg)
-            for e, o, n in _segments(c):
+            for e, o, n in expert_segments(c):
                 if n: y[o:o + n] = xq[o:o + n] @ _fq4(w[e], 'tensor', True, cfg).t()
         ctx.save_for_backward(x, w); ctx.c, ctx.cfg = c, cfg
         return y.to(x.dtype)
@@ -185,19 +163,19 @@ class LowpGroupedFn(torch.autograd.Function):
             dx = x.new_zeros(x.shape, dtype=torch.float32)
             if g.shape[0]:
                 gq = _fq8(g, cfg.grad_elem, cfg, sr=cfg.sr)          # per-row blocks: independent of the grouping
-                for e, o, n in _segments(c):
+                for e, o, n in expert_segments(c):
                     if n: dx[o:o + n] = _dgrad(gq[o:o + n], w[e], cfg)
             dx = dx.to(x.dtype)
         if ctx.needs_input_grad[1]:
             dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
-            for e, o, n in _segments(c):
+            for e, o, n in expert_segments(c):
                 if n: dw[e] = _wgrad(g[o:o + n], x[o:o + n], cfg)
             dw = dw.to(w.dtype)
         return dx, dw, None, None
 
 def lowp_grouped_linear(x_sorted: torch.Tensor, w: torch.Tensor, counts, cfg: Optional[LowpConfig] = None) -> torch.Tensor:
     "`grouped_linear` with NVFP4-forward / MXFP8-backward numerics per expert."
-    c = _check_grouped(x_sorted, w, counts, 'lowp_grouped_linear')
+    c = check_grouped(x_sorted, w, counts, 'lowp_grouped_linear')
     return LowpGroupedFn.apply(x_sorted, w, c, cfg or _CONFIG)
 
 # %% ../nbs/21_lowp.ipynb #c021
@@ -219,92 +197,3 @@ def train_mlp(precision: Literal['fp32', 'lowp'] = 'fp32', steps: int = 300, d: 
         opt.zero_grad(); loss.backward(); opt.step()
         losses.append(loss.item())
     return losses
-
-# %% ../nbs/21_lowp.ipynb #c025
-import json
-from dataclasses import field
-from pathlib import Path
-
-from .config import ConfigError, check, load_section, to_dict, write_json, write_resolved
-from .pretrain import PretrainConfig
-from .train import TrainConfig, WindowSampler, load_model, perplexity, read_meta, train
-from .tokenizer import load_stream
-
-PRECISIONS = ('high', 'nvfp4_mxfp8')
-
-@dataclass
-class LowpStageConfig(PretrainConfig):
-    "The lowp study: `PretrainConfig` (one CPT run) trained once per precision in `arms`."
-    init: str = 'data/base/ckpt'
-    out_dir: str = 'data/lowp'
-    arms: list[str] = field(default_factory=lambda: list(PRECISIONS))
-    quant: LowpConfig = field(default_factory=LowpConfig)
-    reuse_high: str = ''            # checkpoint whose history is the `high` arm (same budget only), '' = train it
-    final_window: int = 20
-    def __post_init__(self):
-        super().__post_init__()
-        check(bool(self.init), "lowp.init must name the checkpoint both arms start from")
-        check(self.context_factor == 1, "lowp compares precisions at a fixed context: context_factor must be 1")
-        check(len(self.arms) >= 1 and all(a in PRECISIONS for a in self.arms) and len(set(self.arms)) == len(self.arms),
-              f"lowp.arms must be distinct entries of {list(PRECISIONS)}, got {self.arms}")
-        check(self.final_window >= 1, f"lowp.final_window must be >= 1, got {self.final_window}")
-
-# %% ../nbs/21_lowp.ipynb #c026
-def _reused_history(cfg: LowpStageConfig) -> dict:
-    "The `high` arm from an existing run's checkpoint, refused unless it is exactly this budget."
-    meta = read_meta(cfg.reuse_high)
-    ck = Path(cfg.reuse_high)
-    rc = next((d / 'config.json' for d in (ck.parent, ck.parent.parent) if (d / 'config.json').exists()), None)
-    secs = [v for v in json.loads(rc.read_text()).values() if isinstance(v, dict) and 'data' in v] if rc else []
-    want = {'init': cfg.init, 'data': cfg.data, 'train_config': to_dict(cfg.train), 'precision': 'high', 'steps': cfg.train.steps}
-    got = {'init': meta.get('init'), 'data': secs[0]['data'] if len(secs) == 1 else None, 'train_config': meta.get('train_config'),
-           'precision': meta.get('model_config', {}).get('precision', 'high'), 'steps': meta.get('step')}
-    diff = [k for k in want if want[k] != got[k]]
-    if diff:
-        raise ConfigError(f"lowp.reuse_high: {cfg.reuse_high} is not the same budget ({', '.join(diff)} differ: "
-                          f"{ {k: got[k] for k in diff} } vs { {k: want[k] for k in diff} }); set reuse_high: '' to train it")
-    h = meta['history']
-    return {**h, 'wall_s': None, 'tokens_per_s': None, 'reused_from': str(cfg.reuse_high)}
-
-def _arm_metrics(hist: dict, window: int) -> dict:
-    last = hist['eval'][-1]; w = min(window, len(hist['loss']))
-    return {'final_loss': hist['loss'][-1], 'final_loss_window': sum(hist['loss'][-w:]) / w, 'first_loss': hist['loss'][0],
-            'val_ppl': last['val_ppl'], 'heldout_ppl': last['heldout_ppl'], 'tokens': hist['tokens'][-1],
-            'wall_s': hist.get('wall_s'), 'tokens_per_s': hist.get('tokens_per_s'), 'eval_curve': hist['eval'],
-            **({'reused_from': hist['reused_from']} if 'reused_from' in hist else {})}
-
-def run_lowp(cfg: LowpStageConfig, metrics_path='reports/metrics/lowp.json', live_root='reports/live/lowp') -> dict:
-    "Train each arm from `cfg.init` on the same batches; write per-arm checkpoints, curves and the comparison."
-    stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
-    L, out = cfg.train.seq_len, Path(cfg.out_dir)
-    write_resolved(out, lowp=cfg)
-    ev = lambda m: {'val_ppl': perplexity(m, val, L, cfg.train.eval_windows), 'heldout_ppl': perplexity(m, held, L, cfg.train.eval_windows)}
-    arms = {}
-    for arm in cfg.arms:
-        if arm == 'high' and cfg.reuse_high:
-            arms[arm] = _arm_metrics(_reused_history(cfg), cfg.final_window); continue
-        model, meta = load_model(cfg.init, precision=arm)
-        if L > model.cfg.max_seq_len: raise ConfigError(f"lowp.train.seq_len ({L}) exceeds the model context ({model.cfg.max_seq_len})")
-        with lowp_config(**asdict(cfg.quant)):
-            hist = train(model, cfg.train, WindowSampler(stream, L, cfg.train.batch_size, cfg.train.seed), out / arm,
-                         stage=f'lowp_{arm}', eval_fn=ev, live_dir=f'{live_root}/{arm}',
-                         meta={'init': cfg.init, 'init_commit': meta.get('git_commit'), 'lowp': asdict(cfg.quant)})
-            arms[arm] = _arm_metrics(hist, cfg.final_window)
-        if arm != 'high':                                   # the same weights served in high precision
-            hp, _ = load_model(out / arm / 'ckpt', precision='high')
-            arms[arm]['heldout_ppl_high_fwd'] = perplexity(hp, held, L, cfg.train.eval_windows)
-    res = {'steps': cfg.train.steps, 'seq_len': L, 'batch_size': cfg.train.batch_size, 'init': cfg.init,
-           'data': cfg.data, 'quant': asdict(cfg.quant), 'arms': arms}
-    if len(cfg.arms) > 1:
-        b = arms[cfg.arms[0]]
-        res['gaps'] = {a: {'rel_final_loss': (arms[a]['final_loss'] - b['final_loss']) / b['final_loss'],
-                           'rel_final_loss_window': (arms[a]['final_loss_window'] - b['final_loss_window']) / b['final_loss_window'],
-                           'rel_heldout_ppl': (arms[a]['heldout_ppl'] - b['heldout_ppl']) / b['heldout_ppl'],
-                           'slowdown': (b['tokens_per_s'] / arms[a]['tokens_per_s']) if b['tokens_per_s'] and arms[a]['tokens_per_s'] else None}
-                       for a in cfg.arms[1:]}
-    write_json(metrics_path, res)
-    return res
-
-def stage(params='params.yaml') -> dict:
-    "DVC stage `lowp`: the high-precision vs NVFP4/MXFP8 CPT comparison."
-    return run_lowp(load_section(LowpStageConfig, 'lowp', params))

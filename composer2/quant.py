@@ -12,9 +12,10 @@ import torch
 
 # %% auto #0
 __all__ = ['FP32_MAX', 'E2M1_MAX', 'E4M3_MAX', 'E5M2_MAX', 'NVFP4_BLOCK', 'MXFP8_BLOCK', 'HADAMARD_N', 'E2M1_VALUES', 'MX_ELEMS',
-           'e2m1_code', 'stochastic_round', 'NVFP4Tensor', 'pack_e2m1', 'unpack_e2m1', 'quantize_nvfp4',
-           'dequantize_nvfp4', 'fake_quant_nvfp4', 'MXFP8Tensor', 'e8m0_to_f32', 'quantize_mxfp8', 'dequantize_mxfp8',
-           'fake_quant_mxfp8', 'hadamard', 'random_hadamard', 'rht']
+           'e2m1_code', 'stochastic_round', 'NVFP4Tensor', 'as_f32', 'check_u', 'pack_e2m1', 'unpack_e2m1',
+           'quantize_nvfp4', 'dequantize_nvfp4', 'fake_quant_nvfp4', 'MXFP8Tensor', 'e8m0_to_f32', 'quantize_mxfp8',
+           'dequantize_mxfp8', 'fake_quant_mxfp8', 'hadamard', 'random_hadamard', 'rht', 'check_counts',
+           'check_grouped', 'expert_segments', 'grouped_linear']
 
 # %% ../nbs/20_quant.ipynb #c006
 FP32_MAX = torch.finfo(torch.float32).max
@@ -84,13 +85,15 @@ class NVFP4Tensor:
     @property
     def scales_f32(self) -> torch.Tensor: return self.scales.view(torch.float8_e4m3fn).float()
 
-def _as_f32(x, who):
+def as_f32(x, who):
+    "`x` detached as fp32, after checking it is a non-empty floating-point tensor (`who` names the caller in errors)."
     if not isinstance(x, torch.Tensor): raise ValueError(f"{who}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point(): raise ValueError(f"{who}: expected a floating-point tensor, got {x.dtype}")
     if x.dim() == 0 or x.numel() == 0: raise ValueError(f"{who}: expected a non-empty tensor with a last dimension, got shape {tuple(x.shape)}")
     return x.detach().to(torch.float32)
 
-def _check_u(u, want, who):
+def check_u(u, want, who):
+    "Check that the stochastic-rounding uniforms `u` (or None) have the padded shape `want`."
     if u is not None and tuple(u.shape) != tuple(want):
         raise ValueError(f"{who}: random tensor u has shape {tuple(u.shape)}, expected the padded shape {tuple(want)}")
 
@@ -106,6 +109,7 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     "Inverse of `pack_e2m1`: bytes [..., n] -> codes [..., 2n]."
     return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
 
+# %% ../nbs/20_quant.ipynb #c017
 def _s_enc(A):
     s = torch.where(A == 0, torch.ones_like(A), torch.tensor(E4M3_MAX * E2M1_MAX, dtype=torch.float32) / A)
     s = s.clamp(max=FP32_MAX)
@@ -115,14 +119,14 @@ def quantize_nvfp4(x: torch.Tensor, scale: Literal['tensor', 'row'] = 'tensor', 
                    sr: bool = False, u: Optional[torch.Tensor] = None,
                    generator: Optional[torch.Generator] = None) -> NVFP4Tensor:
     "Quantise `x` to NVFP4 (1×16 blocks along the last dim, or 16×16 tiles with `block2d`), tensor or row scaled."
-    x = _as_f32(x, 'quantize_nvfp4')
+    x = as_f32(x, 'quantize_nvfp4')
     if scale not in ('tensor', 'row'): raise ValueError(f"quantize_nvfp4: scale must be 'tensor' or 'row', got {scale!r}")
     if block2d and scale != 'tensor': raise ValueError("quantize_nvfp4: 16x16 blocks (block2d) need scale='tensor'")
     if block2d and x.dim() < 2: raise ValueError(f"quantize_nvfp4: block2d needs a tensor of >= 2 dims, got shape {tuple(x.shape)}")
     shape = tuple(x.shape)
     xp = _pad_last(x, NVFP4_BLOCK); kp = xp.shape[-1]; nb = kp // NVFP4_BLOCK
     rows = xp.reshape(-1, kp); R = rows.shape[0]
-    _check_u(u, shape[:-1] + (kp,), 'quantize_nvfp4')
+    check_u(u, shape[:-1] + (kp,), 'quantize_nvfp4')
     a = rows.abs()
     A = a.amax() if scale == 'tensor' else a.amax(dim=1)
     s_enc = _s_enc(A)
@@ -160,7 +164,7 @@ def fake_quant_nvfp4(x: torch.Tensor, scale: Literal['tensor', 'row'] = 'tensor'
     "Quantise to NVFP4 and back: fp32, same shape as `x`."
     return dequantize_nvfp4(quantize_nvfp4(x, scale=scale, block2d=block2d, **kw))
 
-# %% ../nbs/20_quant.ipynb #c018
+# %% ../nbs/20_quant.ipynb #c022
 @dataclass
 class MXFP8Tensor:
     "MXFP8 data: FP8 elements (padded along the last dim), E8M0 scale bits per 32 elements, the original shape."
@@ -188,14 +192,14 @@ def quantize_mxfp8(x: torch.Tensor, elem: Literal['e4m3', 'e5m2'] = 'e4m3', rule
                    sr: bool = False, u: Optional[torch.Tensor] = None,
                    generator: Optional[torch.Generator] = None) -> MXFP8Tensor:
     "Quantise `x` to MXFP8 (32-element blocks along the last dim, E8M0 scales)."
-    x = _as_f32(x, 'quantize_mxfp8')
+    x = as_f32(x, 'quantize_mxfp8')
     if elem not in MX_ELEMS: raise ValueError(f"quantize_mxfp8: elem must be 'e4m3' or 'e5m2', got {elem!r}")
     if rule not in ('floor', 'rceil'): raise ValueError(f"quantize_mxfp8: rule must be 'floor' or 'rceil', got {rule!r}")
     dt, emax, maxv = MX_ELEMS[elem]
     shape = tuple(x.shape)
     xp = _pad_last(x, MXFP8_BLOCK); kp = xp.shape[-1]; nb = kp // MXFP8_BLOCK
     rows = xp.reshape(-1, nb, MXFP8_BLOCK); R = rows.shape[0]
-    _check_u(u, shape[:-1] + (kp,), 'quantize_mxfp8')
+    check_u(u, shape[:-1] + (kp,), 'quantize_mxfp8')
     amax = rows.abs().amax(-1)                                                             # [R, nb]
     bad = ~torch.isfinite(amax)
     safe = torch.where(bad | (amax == 0), torch.ones_like(amax), amax)
@@ -226,7 +230,7 @@ def fake_quant_mxfp8(x: torch.Tensor, elem: Literal['e4m3', 'e5m2'] = 'e4m3', ru
     "Quantise to MXFP8 and back: fp32, same shape as `x`."
     return dequantize_mxfp8(quantize_mxfp8(x, elem=elem, rule=rule, **kw))
 
-# %% ../nbs/20_quant.ipynb #c022
+# %% ../nbs/20_quant.ipynb #c026
 def hadamard(n: int = HADAMARD_N) -> torch.Tensor:
     "Sylvester Hadamard matrix of order n (a power of two), entries ±1, fp32."
     if n < 1 or n & (n - 1): raise ValueError(f"hadamard: order must be a power of two, got {n}")
@@ -247,3 +251,30 @@ def rht(x: torch.Tensor, dim: int = -1, seed: int = 0, m: Optional[torch.Tensor]
     if npad != n: xt = torch.nn.functional.pad(xt, (0, npad - n))
     y = (xt.reshape(*xt.shape[:-1], npad // HADAMARD_N, HADAMARD_N) @ m.t()).reshape(*xt.shape[:-1], npad)
     return y.movedim(-1, dim)
+
+# %% ../nbs/20_quant.ipynb #c029
+def check_counts(counts, E, N, who):
+    "Rows per expert as a list of ints: `E` entries, non-negative, summing to the `N` rows."
+    c = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
+    if len(c) != E: raise ValueError(f"{who}: counts has {len(c)} entries for {E} experts")
+    if any((not isinstance(n, int)) or isinstance(n, bool) or n < 0 for n in c): raise ValueError(f"{who}: counts must be non-negative integers, got {c}")
+    if sum(c) != N: raise ValueError(f"{who}: counts sum to {sum(c)} but the activations have {N} rows")
+    return c
+
+def check_grouped(x, w, counts, who):
+    "Check x_sorted [N, in], w [E, out, in] and `counts`; returns the counts as a list of ints."
+    if x.dim() != 2 or w.dim() != 3: raise ValueError(f"{who}: x_sorted must be [N, in] and w [E, out, in], got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.shape[1] != w.shape[2]: raise ValueError(f"{who}: x_sorted has {x.shape[1]} features but w expects {w.shape[2]}")
+    return check_counts(counts, w.shape[0], x.shape[0], who)
+
+def expert_segments(c):
+    "(expert, first row, number of rows) of each expert's segment, for counts `c`."
+    o = 0
+    for e, n in enumerate(c):
+        yield e, o, n; o += n
+
+def grouped_linear(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Tensor:
+    "High-precision reference: rows of expert e are `x_sorted[seg_e] @ w[e].T`; one matmul per expert."
+    c = check_grouped(x_sorted, w, counts, 'grouped_linear')
+    outs = [x_sorted[o:o + n] @ w[e].t() for e, o, n in expert_segments(c) if n]
+    return torch.cat(outs) if outs else x_sorted.new_zeros(0, w.shape[1])

@@ -4,17 +4,17 @@
 
 # %% ../nbs/11_speculative.ipynb #c003
 from __future__ import annotations
-import os
+import os, time
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from .model import KVCache, Transformer, sample_next
+from .model import KVCache, Transformer, generate, sample_next
 from .mtp import MTPHeads
 
 # %% auto #0
-__all__ = ['warp', 'verify_greedy', 'verify_sampling', 'SpecGeneration', 'speculative_generate']
+__all__ = ['warp', 'verify_greedy', 'verify_sampling', 'SpecGeneration', 'speculative_generate', 'decode_comparison']
 
 # %% ../nbs/11_speculative.ipynb #c006
 def warp(logits, temperature: float = 1.0, top_p: float = 1.0):
@@ -78,6 +78,26 @@ def _pick(logits, temperature, top_p, generator):
     q = warp(logits, temperature, top_p)
     return torch.multinomial(q, 1, generator=generator)[:, 0], q
 
+def _draft(model, mtp, mc, seq, hid, c, N, K, cap, temperature, top_p, generator):
+    """Chain the first K MTP modules over indices c..N-1 of every live row (padded to the longest row), writing each
+    row's drafts into `seq` at N+1..N+K. Returns (drafts [b, K], the distribution each was drawn from, or Nones)."""
+    b, dev = seq.shape[0], seq.device
+    ar = torch.arange(b, device=dev)
+    T = int((N - c).max())
+    idx = c[:, None] + torch.arange(T, device=dev)[None, :]
+    last = N - c - 1
+    h = hid.gather(1, idx.clamp(max=cap - 1)[..., None].expand(b, T, model.cfg.d_model))
+    drafts, qs = [], []
+    for k in range(1, K + 1):
+        mc[k - 1].lengths = c.clone()
+        mod = mtp.mods[k - 1]
+        h, _ = mod(model.embed(seq.gather(1, (idx + k).clamp(max=seq.shape[1] - 1))), h, idx, model.inv_freq, model.mscale, mc[k - 1])
+        mc[k - 1].lengths = N.clone()
+        d, q = _pick(model.head(mod.norm(h[ar, last])), temperature, top_p, generator)   # the head only where a draft is made
+        seq[ar, N + k] = d; drafts.append(d); qs.append(q)
+    return torch.stack(drafts, 1), qs
+
+# %% ../nbs/11_speculative.ipynb #c016
 @torch.no_grad()
 def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[int]], max_new_tokens: int = 32,
                          draft_len: int | None = None, temperature: float = 0.0, top_p: float = 1.0, eos_id=None,
@@ -89,7 +109,7 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
     if max_new_tokens < 1: raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     K = draft_len or mtp.depth
     if not 1 <= K <= mtp.depth: raise ValueError(f"draft_len must be in [1, {mtp.depth}] (the MTP depth), got {K}")
-    mtp._check(model)
+    mtp.check_compatible(model)
     model.eval(); mtp.eval()
     p0 = next(model.parameters())
     dev, dt, B, c_ = p0.device, p0.dtype, len(prompts), model.cfg
@@ -122,19 +142,7 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
             rows = [rows[j] for j in keep]
         b = len(rows); ar = torch.arange(b, device=dev)
         # 1. draft: every module over indices c..N-1 (padded to the longest row), chained
-        T = int((N - c).max())
-        idx = c[:, None] + torch.arange(T, device=dev)[None, :]
-        last = N - c - 1
-        h = hid.gather(1, idx.clamp(max=cap - 1)[..., None].expand(b, T, c_.d_model))
-        drafts, qs = [], []
-        for k in range(1, K + 1):
-            mc[k - 1].lengths = c.clone()
-            mod = mtp.mods[k - 1]
-            h, _ = mod(model.embed(seq.gather(1, (idx + k).clamp(max=seq.shape[1] - 1))), h, idx, model.inv_freq, model.mscale, mc[k - 1])
-            mc[k - 1].lengths = N.clone()
-            d, q = _pick(model.head(mod.norm(h[ar, last])), temperature, top_p, generator)   # the head only where a draft is made
-            seq[ar, N + k] = d; drafts.append(d); qs.append(q)
-        drafts = torch.stack(drafts, 1)
+        drafts, qs = _draft(model, mtp, mc, seq, hid, c, N, K, cap, temperature, top_p, generator)
         # 2. verify with one main forward over [s_N, d_1..d_K]
         vin = seq.gather(1, N[:, None] + torch.arange(K + 1, device=dev)[None, :])
         out = model(vin, cache=cache, return_hidden=True)
@@ -159,3 +167,22 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
         c = torch.minimum(N, N + n + 1 - K).clamp_min(0)
         N = N + n + 1
     return SpecGeneration(toks, nver, nacc, reached, accepted, tr)
+
+# %% ../nbs/11_speculative.ipynb #c025
+def _time(fn, reps: int = 1):
+    "Best-of-`reps` wall time of fn() (after one warm-up call), and its last result."
+    res = fn(); best = float('inf')
+    for _ in range(reps):
+        if torch.cuda.is_available(): torch.cuda.synchronize()
+        t = time.perf_counter(); res = fn()
+        if torch.cuda.is_available(): torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return best, res
+
+def decode_comparison(model, mtp, prompts, new_tokens: int, draft_len: int, reps: int = 1) -> dict:
+    "Greedy plain vs speculative decoding of `prompts` in one run: tokens/s of each, their ratio, and whether outputs match."
+    tp, plain = _time(lambda: generate(model, prompts, new_tokens, temperature=0.0), reps)
+    ts, spec = _time(lambda: speculative_generate(model, mtp, prompts, new_tokens, draft_len=draft_len, temperature=0.0), reps)
+    n = sum(len(t) for t in plain.tokens)
+    return {'batch': len(prompts), 'plain_tokens_per_s': n / tp, 'spec_tokens_per_s': sum(len(t) for t in spec.tokens) / ts,
+            'speedup': tp / ts, 'greedy_match': plain.tokens == spec.tokens, **spec.stats()}

@@ -11,7 +11,7 @@ from composer2.evaluate import EvalConfig
 from composer2.tokenizer import TokenizerConfig
 from composer2.parallel import CPPretrainConfig
 from composer2.mtp import MTPStageConfig
-from composer2.lowp import LowpStageConfig
+from composer2.stages.lowp import LowpStageConfig
 from composer2.tasks import TasksConfig
 from composer2.bench import BenchConfig
 from composer2.curriculum import AgentSFTConfig

@@ -19,7 +19,9 @@ def test_forward_is_linear_on_fake_quantised_operands():
     x, w, b = torch.randn(2, 5, 40), torch.randn(24, 40), torch.randn(24)
     y = lowp_linear(x, w, b)
     xq = Q.fake_quant_nvfp4(x.reshape(-1, 40), 'row').view(2, 5, 40)
-    assert torch.equal(y, F.linear(xq, Q.fake_quant_nvfp4(w, block2d=True), b))
+    # same operands; F.linear runs on the 3-D input with the bias fused (addmm), lowp_linear does mm on 2-D rows then
+    # adds the bias, so the kernels (and their last bits) may differ
+    torch.testing.assert_close(y, F.linear(xq, Q.fake_quant_nvfp4(w, block2d=True), b), rtol=1e-6, atol=1e-6)
     assert y.shape == F.linear(x, w).shape
 
 
@@ -164,7 +166,7 @@ def _tiny_workspace(tmp_path):
 def test_lowp_stage_end_to_end(tmp_path, monkeypatch):
     import json, yaml
     from composer2.config import ConfigError
-    from composer2.lowp import stage
+    from composer2.stages.lowp import run as stage
     from composer2.train import load_model
     base, sec = _tiny_workspace(tmp_path)
     (tmp_path / 'params.yaml').write_text(yaml.safe_dump({'lowp': sec}))
@@ -193,7 +195,7 @@ def test_lowp_stage_end_to_end(tmp_path, monkeypatch):
 def test_lowp_stage_config_errors(tmp_path):
     import yaml
     from composer2.config import ConfigError
-    from composer2.lowp import stage
+    from composer2.stages.lowp import run as stage
     for bad, msg in [({'arms': ['high', 'fp4']}, 'arms'), ({'arms': ['high', 'high']}, 'arms'), ({'final_window': 0}, 'final_window'),
                      ({'quant': {'rule': 'ceil'}}, 'rule'), ({'context_factor': 2, 'rope_scaling': 'yarn'}, 'context_factor'),
                      ({'precison': 'x'}, 'unknown key')]:

@@ -11,7 +11,8 @@ import yaml
 from composer2.config import ConfigError
 from composer2.model import ModelConfig, Transformer
 from composer2.mtp import (MTPHeads, MTPStageConfig, MTPTrainConfig, acceptance_stats, load_mtp, mtp_ce, mtp_kl, save_mtp,
-                           stage, train_mtp)
+                           train_mtp)
+from composer2.stages.mtp import run as stage
 from composer2.train import CheckpointError, TrainConfig, WindowSampler, load_model, save_checkpoint, train
 import functools
 from conftest import cycle_stream as _cycle, mtp_cfg as tiny_cfg
@@ -108,12 +109,13 @@ def test_joint_trains_main_and_heads(trained_main):
     with pytest.raises(ValueError, match='mode'): train_mtp(m, h, None, MTPTrainConfig(steps=1, warmup_steps=0), mode='bogus')
 
 
+@pytest.mark.numerics
 def test_acceptance_stats_matches_a_direct_count(trained_main):
     m = trained_main; h = MTPHeads(m.cfg, depth=2).eval()
     s = cycle_stream(seed=5)[:500]
     st = acceptance_stats(m, h, s, seq_len=20, n_windows=3, batch=2)
     offs = np.linspace(0, len(s) - 21, 3).astype(np.int64)
-    hits, tv, n = 0, 0.0, 0
+    hits, tv, n, ties = 0, 0.0, 0, 0
     with torch.no_grad():
         for o in offs:
             w = torch.tensor(s[o:o + 20].astype(np.int64))[None]
@@ -121,7 +123,10 @@ def test_acceptance_stats_matches_a_direct_count(trained_main):
             for i in range(19):                        # depth 1, index i vs main at i + 1
                 p, q = out.logits[0, i + 1], lg[0][0, i]
                 hits += int(p.argmax() == q.argmax()); tv += float(torch.minimum(p.softmax(-1), q.softmax(-1)).sum()); n += 1
-    assert abs(st['greedy'][0] - hits / n) < 1e-9 and abs(st['one_minus_tv'][0] - tv / n) < 1e-5
+                ties += int(any(float(t[0] - t[1]) < 1e-4 for t in (p.topk(2).values, q.topk(2).values)))
+    # acceptance_stats runs windows in batches of 2, this count one at a time: the logits differ in the last bits,
+    # so a greedy hit may flip only at a near-tie of either argmax, and 1 - TV agrees to float tolerance
+    assert abs(st['greedy'][0] - hits / n) <= ties / n + 1e-9 and abs(st['one_minus_tv'][0] - tv / n) < 1e-5
 
 
 def test_checkpoint_roundtrip_and_errors(tmp_path, trained_main):
@@ -162,6 +167,7 @@ def make_workspace(root: Path, steps=40):
     return root / 'params.yaml'
 
 
+@pytest.mark.numerics      # greedy_match compares plain and speculative decoding (different shapes) token for token
 def test_stage_end_to_end(tmp_path, monkeypatch):
     params = make_workspace(tmp_path)
     monkeypatch.chdir(tmp_path)

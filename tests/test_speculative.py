@@ -28,8 +28,27 @@ def trained():
 
 
 PROMPTS = [[1, 2, 3], [5] * 9, list(range(10, 30)), [63]]
+TIE = 1e-4      # top-2 logit gap below which two code paths may legitimately pick different argmaxes
 
 
+def near_tie(logits, tol=TIE) -> bool:
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1]) < tol
+
+
+def assert_greedy_same(m, prompts, got, ref, tol=TIE):
+    """Greedy outputs of two code paths: speculative verification runs the main model over K+1 tokens at once, plain
+    decoding over one, batched or not, so their logits differ in the last bits (different shapes and reductions).
+    Each row must be identical, or first differ where the main model's top-2 logits are within `tol` (a near-tie,
+    where either argmax is a correct greedy step)."""
+    for p, a, b in zip(prompts, got, ref):
+        if a == b: continue
+        j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        with torch.no_grad(): lg = m(torch.tensor([p + b[:j]])).logits[0, -1]
+        assert near_tie(lg, tol), f"rows differ at new token {j} without a near-tie: {a} vs {b}"
+
+
+@pytest.mark.numerics
 @pytest.mark.parametrize('moe', [False, True])
 def test_greedy_equals_plain_random_model(moe):
     torch.manual_seed(1)
@@ -37,11 +56,12 @@ def test_greedy_equals_plain_random_model(moe):
     ref = generate(m, PROMPTS, 24)
     for K in (1, 2, 3):
         sg = speculative_generate(m, h, PROMPTS, 24, draft_len=K)
-        assert sg.tokens == ref.tokens, f"draft_len={K}"
+        assert_greedy_same(m, PROMPTS, sg.tokens, ref.tokens)
         assert sum(sg.n_verify) >= sum(len(t) - 1 for t in ref.tokens) / (K + 1)
     assert sg.stats()['tokens_per_verify'] < 1.5          # random heads: almost nothing accepted
 
 
+@pytest.mark.numerics
 def test_greedy_equals_plain_trained_model(trained):
     m, h, stream = trained
     rand = np.random.default_rng(0).integers(0, 64, 12).tolist()
@@ -49,28 +69,31 @@ def test_greedy_equals_plain_trained_model(trained):
     ref = generate(m, prompts, 40)
     for K in (1, 2, 3):
         sg = speculative_generate(m, h, prompts, 40, draft_len=K, trace=True)
-        assert sg.tokens == ref.tokens, f"draft_len={K}"
+        assert_greedy_same(m, prompts, sg.tokens, ref.tokens)
     st = sg.stats()
     assert st['tokens_per_verify'] > 2.5 and st['acceptance_per_depth'][0] > 0.8
     # untrained heads on the same model: partial acceptance, and rows accept different numbers of drafts in the
     # same verify step; still the plain output, also row by row against unbatched decoding
     sg = speculative_generate(m, MTPHeads(m.cfg, depth=3), prompts, 40, draft_len=3, trace=True)
-    assert sg.tokens == ref.tokens
+    assert_greedy_same(m, prompts, sg.tokens, ref.tokens)
     steps = min(len(t) for t in sg.trace)
     assert sum(len({t[j][2] for t in sg.trace}) > 1 for j in range(steps)) >= 3
-    for p, t in zip(prompts, sg.tokens): assert generate(m, [p], 40).tokens[0] == t
+    for p, t in zip(prompts, sg.tokens): assert_greedy_same(m, [p], [t], generate(m, [p], 40).tokens)
 
 
+@pytest.mark.numerics
 def test_greedy_eos_and_lengths(trained):
     m, h, stream = trained
     prompts = [stream[:6].tolist(), stream[2:9].tolist()]
     ref = generate(m, prompts, 30, eos_id=int(stream[10]))
     sg = speculative_generate(m, h, prompts, 30, draft_len=3, eos_id=int(stream[10]))
-    assert sg.tokens == ref.tokens and all(t[-1] == int(stream[10]) for t in sg.tokens)
+    assert_greedy_same(m, prompts, sg.tokens, ref.tokens)
+    assert all(t[-1] == int(stream[10]) for t in sg.tokens)
     for n in (1, 2, 5, 7):
         assert [len(t) for t in speculative_generate(m, h, prompts, n, draft_len=3).tokens] == [n, n]
 
 
+@pytest.mark.numerics
 def test_drafts_match_teacher_forced_mtp(trained):
     "Every draft whose earlier drafts were accepted equals the teacher-forced MTP argmax on the final sequence: the MTP caches hold exactly the committed entries."
     m, h, stream = trained
@@ -84,7 +107,8 @@ def test_drafts_match_teacher_forced_mtp(trained):
         for N, drafts, a in tr:
             for k in range(1, min(a + 1, 3) + 1):           # depth k saw only accepted (true) tokens
                 if N - 1 + k + 1 >= full.shape[1]: break   # the final sequence was cut at max_new_tokens
-                assert drafts[k - 1] == int(lg[k - 1][0, N - 1].argmax()), (N, k)
+                # cached incremental drafts vs one teacher-forced pass (different shapes): equal argmax unless near a tie
+                assert drafts[k - 1] == int(lg[k - 1][0, N - 1].argmax()) or near_tie(lg[k - 1][0, N - 1]), (N, k)
                 checked += 1
     assert checked > 20
 
