@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Callable, Protocol
 
 from .chat import Message, ToolCall, render, parse_assistant
+from .env_base import program_text
 from .tasks import (Task, TaskEnv, task_env, grade_env, tree_files, unified_diff, changed_lines, sandbox_available, HIDDEN)
 
 # %% auto #0
@@ -150,112 +151,7 @@ def run_episode(task: Task, agent, max_turns: int = 30, limits=None, backend: st
     finally: env.close()
 
 # %% ../nbs/33_agents.ipynb #c014
-_UNINVERT = r'''
-import ast, pathlib
-n = 0
-for p in pathlib.Path('.').rglob('*.py'):
-    if any(part.startswith('.') for part in p.parts): continue
-    src = p.read_text(); lines = src.splitlines(keepends=True)
-    try: tree = ast.parse(src)
-    except SyntaxError: continue
-    edits = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.If, ast.IfExp)) and isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not):
-            seg = ast.get_source_segment(src, node.test)
-            if seg and seg.startswith('not (') and seg.endswith(')'):
-                edits.append((node.test.lineno, node.test.col_offset, node.test.end_lineno, node.test.end_col_offset, seg[5:-1]))
-    if not edits: continue
-    off = [0]
-    for l in lines: off.append(off[-1] + len(l.encode()))
-    b = src.encode()
-    for l1, c1, l2, c2, rep in sorted(edits, reverse=True):
-        b = b[:off[l1 - 1] + c1] + rep.encode() + b[off[l2 - 1] + c2:]
-    p.write_bytes(b); n += len(edits)
-print(f"reverted {n} suspicious inverted conditions")
-'''
-
-_RENAME = r'''
-import io, pathlib, tokenize, sys
-old, new = sys.argv[1], sys.argv[2]; n = 0
-for p in pathlib.Path('.').rglob('*.py'):
-    if any(part.startswith('.') for part in p.parts): continue
-    text = p.read_text(); lines = text.splitlines(keepends=True)
-    toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.NAME and t.string == old]
-    for t in reversed(toks):
-        l, c = t.start; lines[l - 1] = lines[l - 1][:c] + new + lines[l - 1][c + len(old):]
-    if toks: p.write_text(''.join(lines)); n += len(toks)
-print(f"renamed {n} occurrences")
-'''
-
-_MOVE = r'''
-import ast, pathlib, sys
-func, newmod = sys.argv[1], sys.argv[2]
-for p in sorted(pathlib.Path('.').glob('*.py')):
-    src = p.read_text(); tree = ast.parse(src); lines = src.splitlines(keepends=True)
-    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func), None)
-    if fn is None: continue
-    imports = ''.join(lines[n.lineno - 1] for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == n.end_lineno)
-    start = fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno
-    pathlib.Path(newmod + '.py').write_text(imports + '\n\n' + ''.join(lines[start - 1:fn.end_lineno]))
-    p.write_text(''.join(lines[:start - 1]) + f'from {newmod} import {func}\n' + ''.join(lines[fn.end_lineno:]))
-    print(f"moved {func} from {p} to {newmod}.py"); break
-else: print(f"{func} not found")
-'''
-
-_DOCS = r'''
-import ast, pathlib, sys
-names = set(sys.argv[1:]); n = 0
-for p in pathlib.Path('.').rglob('*.py'):
-    if any(part.startswith('.') for part in p.parts): continue
-    src = p.read_text(); tree = ast.parse(src); lines = src.splitlines(keepends=True); ins = []
-    def visit(node, prefix):
-        for ch in getattr(node, 'body', []):
-            if isinstance(ch, (ast.FunctionDef, ast.ClassDef)):
-                q = prefix + ch.name
-                if q in names and ast.get_docstring(ch) is None:
-                    first = ch.body[0]; ind = ' ' * first.col_offset
-                    word = 'Class' if isinstance(ch, ast.ClassDef) else 'Function'
-                    ins.append((first.lineno, f'{ind}"""{word} {ch.name}: see the implementation for the details."""\n'))
-                visit(ch, q + '.')
-    visit(tree, '')
-    for l, text in sorted(ins, reverse=True): lines.insert(l - 1, text)
-    if ins: p.write_text(''.join(lines)); n += len(ins)
-print(f"added {n} docstrings")
-'''
-
-_CI_FIX = r'''
-import difflib, pathlib, re, sys
-log = pathlib.Path(sys.argv[1]).read_text(); fixed = []
-mk = pathlib.Path('Makefile')
-if mk.exists():
-    t = mk.read_text(); lines = t.splitlines(keepends=True)
-    for i in range(1, len(lines)):
-        if re.match(r'^ {2,}\S', lines[i]) and (lines[i - 1].startswith('\t') or re.match(r'^[\w.-]+\s*:', lines[i - 1])):
-            lines[i] = '\t' + lines[i].lstrip(' '); fixed.append('tab')
-    t = ''.join(lines)
-    targets = re.findall(r'^([\w.-]+)\s*:', t, re.M); defined = re.findall(r'^(\w+)\s*[?:+]?=', t, re.M)
-    for v in set(re.findall(r'\$\((\w+)\)', t)) - set(defined):
-        c = difflib.get_close_matches(v, defined, 1)
-        if c: t = t.replace(f'$({v})', f'$({c[0]})'); fixed.append('var ' + v)
-    for bad in re.findall(r"No rule to make target '([^']+)'", log):
-        c = difflib.get_close_matches(bad, targets, 1)
-        if c:
-            t = re.sub(rf'(?<=[\s:]){re.escape(bad)}(?=\s|$)', c[0], t)
-            for f in pathlib.Path('.').glob('*.sh'): f.write_text(re.sub(rf'make {re.escape(bad)}\b', f'make {c[0]}', f.read_text()))
-            fixed.append('target ' + bad)
-    mk.write_text(t)
-pp = pathlib.Path('pyproject.toml')
-if pp.exists():
-    import tomllib
-    t = pp.read_text()
-    try: tomllib.loads(t)
-    except tomllib.TOMLDecodeError:
-        t = ''.join(l[:-1] + '"\n' if l.count('"') % 2 else l for l in t.splitlines(keepends=True)); fixed.append('toml quotes')
-    if 'no tests found' in log:
-        t = re.sub(r'pattern = "[^"]*"', 'pattern = "test_*.py"', t); fixed.append('pattern')
-    pp.write_text(t)
-print('fixed:', ', '.join(fixed) or 'nothing')
-'''
+_READS = ('programs/heuristic_*.py',)   # the scripted agent's repairs, run in the sandbox with `python -`
 
 def _backticked(prompt: str) -> list[str]: return re.findall(r'`([A-Za-z_][\w.]*)`', prompt)
 
@@ -277,20 +173,20 @@ class HeuristicAgent:
         names = _backticked(t.prompt)
         if names: yield call('grep', pattern='def (' + '|'.join(re.escape(n.rsplit('.', 1)[-1]) for n in names) + r')\b', glob='*.py')
         if t.category == 'debug':
-            yield _py(_UNINVERT)
+            yield _py(program_text('heuristic_uninvert.py'))
         elif t.category == 'refactor':
             m = re.search(r'`(\w+)`.*?(?:to|called) `(\w+)`', t.prompt)
             mv = re.search(r'move `(\w+)`.*?module (?:named )?`(\w+)`', t.prompt) or re.search(r'`(\w+)` should live in a separate module `(\w+)`', t.prompt)
-            if mv: yield _py(_MOVE, mv.group(1), mv.group(2))
-            elif m: yield _py(_RENAME, m.group(1), m.group(2))
+            if mv: yield _py(program_text('heuristic_move.py'), mv.group(1), mv.group(2))
+            elif m: yield _py(program_text('heuristic_rename.py'), m.group(1), m.group(2))
         elif t.category == 'docs':
-            yield _py(_DOCS, *names)
+            yield _py(program_text('heuristic_docs.py'), *names)
         elif t.category == 'devops':
             for _ in range(4):
                 out = yield call('shell', cmd='PYTHON=python sh ci.sh > /tmp/ci.log 2>&1; echo "rc=$?"; tail -n 30 /tmp/ci.log')
                 if 'rc=0' in out: break
                 # each command gets a fresh private /tmp: rerun CI into the log the repair script reads
-                yield call('shell', cmd="PYTHON=python sh ci.sh > /tmp/ci.log 2>&1; python - /tmp/ci.log <<'C2EOF'\n" + _CI_FIX + "\nC2EOF")
+                yield call('shell', cmd="PYTHON=python sh ci.sh > /tmp/ci.log 2>&1; python - /tmp/ci.log <<'C2EOF'\n" + program_text('heuristic_ci_fix.py') + "\nC2EOF")
         yield call('submit', message='heuristic fix applied')
 
 AGENTS = {'null': lambda tasks: NullAgent(), 'oracle': lambda tasks: OracleAgent(tasks), 'heuristic': lambda tasks: HeuristicAgent()}

@@ -4,18 +4,18 @@
 
 # %% ../nbs/34_bench.ipynb #c002
 from __future__ import annotations
-import json, math, os, shutil, statistics, subprocess, sys, tempfile, time
+import json, statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import ConfigError, check, load_section, write_json, write_resolved
-from .tasks import (Task, TaskError, load_tasks, save_tasks, sha256_file, set_stats, check_contamination,
-                             load_exclusions, default_exclusions, sandbox_available, tree_files)
-from .agents import make_agent, run_episode, ruff_introduced, AGENTS
+from .config import check
+from .io import sha256_file
+from .tasks import Task, TaskError, load_tasks, sandbox_available
+from .agents import AGENTS, make_agent, run_episode
 
 # %% auto #0
-__all__ = ['pass_at_k', 'evaluate', 'summarize', 'load_frozen', 'BenchConfig', 'stage']
+__all__ = ['pass_at_k', 'evaluate', 'summarize', 'load_frozen', 'BenchConfig']
 
 # %% ../nbs/34_bench.ipynb #c005
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -93,45 +93,3 @@ class BenchConfig:
         check(all(1 <= k <= self.samples for k in self.ks), f"bench.ks: each k must be in 1..samples ({self.samples}), got {self.ks}")
         bad = [a for a in self.agents if a not in AGENTS]
         check(not bad, f"bench.agents: unknown {bad}; agents: {', '.join(AGENTS)}")
-
-def _sandbox_info() -> dict:
-    "Which snapshot backend the episodes' sandboxes used (overlayfs layers, or the copy fallback) and what they hide."
-    from composer2.env import overlay_available, SANDBOX_UID
-    return {'backend': os.environ.get('COMPOSER2_SANDBOX_BACKEND') or ('overlay' if overlay_available() else 'copy'),
-            'uid': SANDBOX_UID, 'hides_original_sources': True}
-
-def stage(params: str = 'params.yaml') -> dict:
-    "Run the harness-validating agents (oracle, null, heuristic) on the frozen set; write per-task and overall figures."
-    t0 = time.time()
-    cfg = load_section(BenchConfig, 'bench', params)
-    ok, why = sandbox_available()
-    if not ok: raise ConfigError(f"bench: grading must run in the sandbox, which is unavailable: {why}")
-    root = Path.cwd()
-    tasks, man = load_frozen(root / 'data' / 'tasks', cfg.name, cfg.version)
-    exc_path = root / cfg.exclusions
-    exc = load_exclusions(exc_path) if exc_path.exists() else default_exclusions()
-    contam = check_contamination(tasks, exc)
-    out_dir = root / 'data' / 'bench'; out_dir.mkdir(parents=True, exist_ok=True)
-    res, per_task = {}, {}
-    for a in cfg.agents:
-        ta = time.time()
-        eps = evaluate(tasks, a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality)
-        s = summarize(eps, cfg.ks)
-        per_task[a] = s.pop('per_task'); s['seconds'] = round(time.time() - ta, 1)
-        res[a] = s
-        tmp = out_dir / f'{a}.jsonl.tmp'; tmp.write_text(''.join(json.dumps(e) + '\n' for e in eps)); os.replace(tmp, out_dir / f'{a}.jsonl')
-        print(f"bench: {a}: resolved {s['resolved']:.3f} of {s['n_tasks']} tasks ({s['by_category']}) in {s['seconds']}s", file=sys.stderr)
-    write_json(out_dir / 'per_task.json', per_task)
-    write_resolved(out_dir, bench=cfg)
-    st = set_stats(tasks)
-    metrics = {'name': cfg.name, 'version': cfg.version, 'sha256': man['sha256'], **res,
-               'set': {**st, 'recipe_median_prompt_chars': 390, 'recipe_median_changed_lines': 181,
-                       'changed_lines_ratio_to_recipe': round(st['median_gold_changed_lines'] / 181, 3)},
-               'contamination': contam, 'sandbox': _sandbox_info(), 'seconds': round(time.time() - t0, 1)}
-    harness_ok = ('oracle' not in res or res['oracle']['resolved'] == 1.0) and ('null' not in res or res['null']['resolved'] == 0.0)
-    metrics['harness_ok'] = harness_ok
-    write_json(root / 'reports' / 'metrics' / 'bench.json', metrics)
-    if not harness_ok:
-        raise TaskError(f"harness check failed: oracle resolved {res.get('oracle', {}).get('resolved')}, null {res.get('null', {}).get('resolved')} "
-                        f"(must be 1 and 0); see {out_dir / 'per_task.json'}")
-    return metrics

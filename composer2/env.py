@@ -4,378 +4,22 @@
 
 # %% ../nbs/30_env.ipynb #c003
 from __future__ import annotations
-import atexit, ctypes, difflib, fnmatch, hashlib, itertools, os, re, shutil, signal, stat, subprocess, sys, tempfile
-import threading, time, traceback, weakref
-from collections import deque
+import atexit, hashlib, itertools, os, shutil, signal, stat, subprocess, sys, tempfile, threading, time, traceback, weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .config import ConfigError, check
+from .env_base import (INNER_ROOT, DIFF_EXCLUDE, SANDBOX_UID, SandboxError, SandboxDied, WorkspacePathError, Limits,
+                                RunResult, truncate_middle, confine, tree_hash, tree_diff, diff_stats, base_dir,
+                                overlay_available, visible_roots, sandbox_support, bwrap_available, program_text,
+                                _Capture, _base_env, _chain, _is_mount, _is_root, _mount_overlay, _support, _umount, _walk)
 
 # %% auto #0
-__all__ = ['INNER_ROOT', 'DIFF_EXCLUDE', 'SANDBOX_UID', 'LOWER_CACHE', 'SandboxError', 'SandboxDied', 'WorkspacePathError',
-           'Limits', 'RunResult', 'truncate_middle', 'confine', 'tree_hash', 'tree_diff', 'diff_stats', 'base_dir',
-           'overlay_available', 'visible_roots', 'sandbox_support', 'bwrap_available', 'Snapshot', 'cleanup_stale',
-           'Sandbox', 'Failure', 'EpisodeResult', 'Episode', 'SandboxPool']
+__all__ = ['LOWER_CACHE', 'Snapshot', 'cleanup_stale', 'Sandbox', 'Failure', 'EpisodeResult', 'Episode', 'SandboxPool']
 
 # %% ../nbs/30_env.ipynb #c006
-class SandboxError(RuntimeError):
-    "The sandbox itself failed (not the command): it cannot start, its workspace is gone, it was closed."
-
-class SandboxDied(SandboxError):
-    "The sandbox or its worker was killed from outside while a command ran; the pool fails over on this."
-
-class WorkspacePathError(ValueError):
-    "A path that leaves the workspace (absolute, `../`, or through a symlink), or does not exist where it must."
-
-@dataclass
-class Limits:
-    "Per-command resource limits. `wall_s` is the default timeout of `Sandbox.run`."
-    cpu_s: float = 30           # RLIMIT_CPU (seconds of CPU per process; SIGXCPU, then SIGKILL 2 s later)
-    mem_mb: int = 1024          # RLIMIT_AS (address space per process)
-    nproc: int = 64             # RLIMIT_NPROC (processes in the sandbox)
-    fsize_mb: int = 64          # RLIMIT_FSIZE (largest file a process may write)
-    wall_s: float = 60          # wall-clock limit of one command
-    output_bytes: int = 20000   # stdout and stderr each keep this many bytes, head and tail
-    tmp_mb: int = 256           # size of the private /tmp (a tmpfs, so memory)
-    nofile: int = 1024          # RLIMIT_NOFILE
-    kill_output_bytes: int = 64 << 20  # a command that writes more than this in total is killed (output flood)
-    def __post_init__(self):
-        for k in ('cpu_s', 'mem_mb', 'nproc', 'fsize_mb', 'wall_s', 'output_bytes', 'tmp_mb', 'nofile', 'kill_output_bytes'):
-            v = getattr(self, k)
-            check(isinstance(v, (int, float)) and not isinstance(v, bool), f"Limits.{k}: expected a number, got {v!r}")
-            check(v > 0, f"Limits.{k}: must be > 0, got {v!r}")
-        check(self.nproc >= 4, f"Limits.nproc: must be >= 4 (the sandbox itself needs a few processes), got {self.nproc}")
-        check(self.mem_mb >= 64, f"Limits.mem_mb: must be >= 64, got {self.mem_mb}")
-        check(self.output_bytes >= 64, f"Limits.output_bytes: must be >= 64, got {self.output_bytes}")
-
-@dataclass
-class RunResult:
-    "What one sandboxed command did. `reason` explains a non-zero exit caused by a limit."
-    exit_code: int
-    stdout: str
-    stderr: str
-    timed_out: bool
-    duration: float
-    truncated: bool
-    reason: str = ''
-    @property
-    def ok(self) -> bool: return self.exit_code == 0 and not self.timed_out
-    def text(self) -> str:
-        "stdout, stderr and the exit status as one observation for an agent."
-        parts = [self.stdout.rstrip('\n')] if self.stdout else []
-        if self.stderr: parts.append(self.stderr.rstrip('\n'))
-        tail = f"[exit code {self.exit_code}" + (f": {self.reason}" if self.reason else '') + ']'
-        return '\n'.join(parts + [tail])
-
-# %% ../nbs/30_env.ipynb #c009
-def truncate_middle(text: str, limit: int) -> tuple[str, bool]:
-    "`text` cut to about `limit` characters, keeping head and tail around a marker; and whether it was cut."
-    if len(text) <= limit: return text, False
-    head = limit // 2; tail = limit - head
-    return text[:head] + f"\n[... {len(text) - head - tail} characters truncated ...]\n" + text[len(text) - tail:], True
-
-class _Capture:
-    "Head and tail of a byte stream, read in a thread; calls `on_flood` once when the total passes `kill_at`."
-    def __init__(self, stream, limit: int, kill_at: int, on_flood):
-        self.head, self.tail, self.total = bytearray(), bytearray(), 0
-        self.nhead, self.ntail, self.kill_at, self.on_flood = limit // 2, limit - limit // 2, kill_at, on_flood
-        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True); self.thread.start()
-    def _read(self, stream):
-        try:
-            while True:
-                b = stream.read1(1 << 16)
-                if not b: break
-                self.total += len(b)
-                room = self.nhead - len(self.head)
-                if room > 0: self.head += b[:room]; b = b[room:]
-                if b:
-                    self.tail += b
-                    if len(self.tail) > 2 * self.ntail: del self.tail[:len(self.tail) - self.ntail]
-                if self.total > self.kill_at and self.on_flood: self.on_flood(); self.on_flood = None
-        except (OSError, ValueError): pass
-    def result(self) -> tuple[str, bool]:
-        tail = bytes(self.tail[-self.ntail:]) if self.ntail else b''
-        cut = self.total - len(self.head) - len(tail)
-        h, t = self.head.decode('utf-8', 'replace'), tail.decode('utf-8', 'replace')
-        if cut <= 0: return h + t, False
-        return h + f"\n[... {cut} bytes truncated ...]\n" + t, True
-
-# %% ../nbs/30_env.ipynb #c012
-INNER_ROOT = '/workspace'
-
-def confine(root, path, inner: str = INNER_ROOT) -> Path:
-    "Host path of `path` (relative to the workspace `root`, or absolute under `inner`), refusing any escape."
-    root = Path(root)
-    if not isinstance(path, (str, os.PathLike)): raise WorkspacePathError(f"path must be a string, got {type(path).__name__}")
-    p = os.fspath(path)
-    if '\0' in p: raise WorkspacePathError(f"path {p!r} contains a NUL byte")
-    if p == inner or p.startswith(inner + '/'): p = p[len(inner):]
-    elif p.startswith('/'): raise WorkspacePathError(f"{p!r} is outside the workspace (paths are relative to {inner})")
-    parts, done, hops = deque(p.split('/')), [], 0
-    while parts:
-        c = parts.popleft()
-        if c in ('', '.'): continue
-        if c == '..':
-            if not done: raise WorkspacePathError(f"{os.fspath(path)!r} leaves the workspace through '..'")
-            done.pop(); continue
-        cand = root.joinpath(*done, c)
-        if cand.is_symlink():
-            hops += 1
-            if hops > 40: raise WorkspacePathError(f"{os.fspath(path)!r}: too many levels of symbolic links")
-            t = os.readlink(cand)
-            if t.startswith('/'):
-                if not (t == inner or t.startswith(inner + '/')):
-                    raise WorkspacePathError(f"{os.fspath(path)!r} goes through the symlink {'/'.join(done + [c])} -> {t}, "
-                                             "which points outside the workspace")
-                done, t = [], t[len(inner):]
-            parts.extendleft(reversed(t.split('/')))
-            continue
-        done.append(c)
-    return root.joinpath(*done)
-
-# %% ../nbs/30_env.ipynb #c015
-DIFF_EXCLUDE = ('__pycache__', '*.pyc', '.pytest_cache', '.mypy_cache', '.ruff_cache')
-
-def _excluded(rel: str, exclude) -> bool:
-    return any(fnmatch.fnmatch(part, pat) for part in rel.split('/') for pat in exclude)
-
-def _walk(root: Path, exclude=()) -> dict[str, os.stat_result]:
-    "Relative path -> lstat of every non-directory entry (and empty directories are ignored)."
-    out = {}
-    for dp, dns, fns in os.walk(root):
-        rel_dir = os.path.relpath(dp, root)
-        dns[:] = [d for d in dns if not _excluded(d, exclude)]
-        for n in dns + fns:
-            full = os.path.join(dp, n); st = os.lstat(full)
-            rel = n if rel_dir == '.' else f"{rel_dir}/{n}"
-            if n in dns and not stat.S_ISLNK(st.st_mode): continue
-            if not _excluded(rel, exclude): out[rel] = st
-    return out
-
-def tree_hash(root, exclude=()) -> str:
-    "sha256 over every entry of the tree: relative path, type, permission bits, content or link target."
-    h = hashlib.sha256(); root = Path(root)
-    for dp, dns, fns in os.walk(root):
-        dns.sort(); dns[:] = [d for d in dns if not _excluded(d, exclude)]
-        for n in sorted(dns + fns):
-            full = os.path.join(dp, n); st = os.lstat(full); rel = os.path.relpath(full, root)
-            if _excluded(rel, exclude): continue
-            h.update(f"{rel}\0{stat.S_IFMT(st.st_mode)}\0{stat.S_IMODE(st.st_mode):o}\0".encode())
-            if stat.S_ISLNK(st.st_mode): h.update(os.readlink(full).encode())
-            elif stat.S_ISREG(st.st_mode):
-                with open(full, 'rb') as f:
-                    for b in iter(lambda: f.read(1 << 20), b''): h.update(b)
-            h.update(b'\1')
-    return h.hexdigest()
-
-def _read_for_diff(p: Path):
-    "(kind, lines or None): kind in missing, file, binary, link, other."
-    try: st = os.lstat(p)
-    except FileNotFoundError: return 'missing', None
-    if stat.S_ISLNK(st.st_mode): return 'link', os.readlink(p)
-    if stat.S_ISDIR(st.st_mode): return 'dir', None
-    if not stat.S_ISREG(st.st_mode): return 'other', None
-    b = p.read_bytes()
-    if b'\0' in b[:8192]: return 'binary', b
-    try: return 'file', b.decode('utf-8').splitlines(keepends=True)
-    except UnicodeDecodeError: return 'binary', b
-
-def _udiff(a_lines, b_lines, a_name, b_name) -> str:
-    out = []
-    for line in difflib.unified_diff(a_lines, b_lines, a_name, b_name, n=3):
-        if line.startswith(('---', '+++')): out.append(line.rstrip('\n') + '\n'); continue
-        out.append(line if line.endswith('\n') else line + '\n\\ No newline at end of file\n')
-    return ''.join(out)
-
-def tree_diff(old, new, only: Iterable[str] | None = None, exclude=DIFF_EXCLUDE) -> str:
-    "Unified diff (`patch -p1` style) from tree `old` to tree `new`, over `only` paths if given."
-    old, new = Path(old), Path(new)
-    if only is None: paths = set(_walk(old, exclude)) | set(_walk(new, exclude))
-    else: paths = {p for p in only if not _excluded(p, exclude)}
-    chunks = []
-    for rel in sorted(paths):
-        (ka, a), (kb, b) = _read_for_diff(old / rel), _read_for_diff(new / rel)
-        if ka in ('missing', 'dir') and kb in ('missing', 'dir'): continue
-        if ka == kb and a == b: continue
-        if 'link' in (ka, kb) or 'other' in (ka, kb):
-            chunks.append(f"Entry {rel}: {ka}{' -> ' + a if ka == 'link' else ''} changed to {kb}{' -> ' + b if kb == 'link' else ''}\n"); continue
-        if 'binary' in (ka, kb):
-            chunks.append(f"Binary files {'a/' + rel if ka != 'missing' else '/dev/null'} and "
-                          f"{'b/' + rel if kb != 'missing' else '/dev/null'} differ\n"); continue
-        chunks.append(_udiff(a or [], b or [], 'a/' + rel if a is not None else '/dev/null',
-                             'b/' + rel if b is not None else '/dev/null'))
-    return ''.join(chunks)
-
-def diff_stats(diff: str) -> dict:
-    "Files touched and lines added/removed in a unified diff (what 'changed lines' counts); hunk-aware."
-    files, add, rem, left_a, left_b = set(), 0, 0, 0, 0
-    for line in diff.splitlines():
-        if left_a > 0 or left_b > 0:
-            if line.startswith('+'): add += 1; left_b -= 1
-            elif line.startswith('-'): rem += 1; left_a -= 1
-            elif line.startswith(' ') or line == '': left_a -= 1; left_b -= 1
-            continue
-        m = re.match(r'@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@', line)
-        if m: left_a, left_b = int(m.group(1) or 1), int(m.group(2) or 1); continue
-        if line.startswith(('+++ ', '--- ')):
-            name = line[4:].split('\t')[0].strip()
-            if name != '/dev/null': files.add(name[2:] if name[:2] in ('a/', 'b/') else name)
-        elif line.startswith('Binary files '): files.add(line)
-    return {'files': len(files), 'added': add, 'removed': rem, 'changed_lines': add + rem}
-
-# %% ../nbs/30_env.ipynb #c018
-SANDBOX_UID = 65534
-_libc = ctypes.CDLL(None, use_errno=True)
-_support: dict = {}
-
-def base_dir() -> Path:
-    "Where sandboxes keep their layers (`$COMPOSER2_SANDBOX_DIR`, default `/tmp/composer2-sandboxes`; mode 0700)."
-    d = Path(os.environ.get('COMPOSER2_SANDBOX_DIR', Path(tempfile.gettempdir()) / 'composer2-sandboxes'))
-    if any(c in str(d) for c in ',:'): raise SandboxError(f"sandbox directory {d} must not contain ',' or ':' (overlay options)")
-    d.mkdir(parents=True, exist_ok=True); os.chmod(d, 0o700)
-    return d
-
-def _is_root() -> bool: return os.geteuid() == 0
-
-def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path):
-    opts = f"lowerdir={lower},upperdir={upper},workdir={work},redirect_dir=off,index=off,metacopy=off".encode()
-    if _libc.mount(b'overlay', os.fsencode(target), b'overlay', 0, opts) != 0:
-        e = ctypes.get_errno(); raise OSError(e, f"mount -t overlay on {target}: {os.strerror(e)}")
-
-def _umount(target: Path):
-    "Detach the mount at `target` (lazily: nothing uses it once a command has returned, so it goes at once)."
-    if _libc.umount2(os.fsencode(target), 2) != 0:  # MNT_DETACH
-        e = ctypes.get_errno()
-        if e != 22: raise OSError(e, f"umount {target}: {os.strerror(e)}")  # EINVAL: not mounted
-
-def _is_mount(p: Path) -> bool:
-    try: return os.path.ismount(p)
-    except OSError: return False
-
-def overlay_available() -> bool:
-    "Whether an overlayfs can be mounted here (root and kernel support); measured once per process."
-    if 'overlay' not in _support:
-        ok = False
-        if _is_root() and os.environ.get('COMPOSER2_SANDBOX_BACKEND') != 'copy':
-            t = Path(tempfile.mkdtemp(dir=base_dir(), prefix='probe-'))
-            try:
-                for n in 'lower upper work merged'.split(): (t / n).mkdir()
-                (t / 'lower/f').write_text('x')
-                _mount_overlay(t / 'lower', t / 'upper', t / 'work', t / 'merged')
-                try: ok = (t / 'merged/f').read_text() == 'x'
-                finally: _umount(t / 'merged')
-            except OSError: ok = False
-            finally: shutil.rmtree(t, ignore_errors=True)
-        _support['overlay'] = ok
-    return _support['overlay']
-
-def _system_binds(roots: list | None = None) -> list[str]:
-    "bwrap arguments for the read-only system: /usr, /etc, top-level links, the interpreter and its virtualenv."
-    args, made, bound = [], {'/'}, []
-    def parents(p: str):
-        out = []
-        for anc in reversed(Path(p).parents):
-            a = str(anc)
-            if a not in made: made.add(a); out += ['--perms', '0755', '--dir', a]
-        return out
-    for top in ['/usr', '/etc', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32']:
-        if os.path.islink(top): args += ['--symlink', os.readlink(top), top]
-        elif os.path.isdir(top): args += ['--ro-bind', top, top]; made.add(top); bound.append(top)
-    extra = []
-    for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}:
-        p = os.path.realpath(p)
-        if not any(p == d or p.startswith(d + '/') for d in made) and os.path.isdir(p): extra.append(p)
-    for p in sorted(set(extra)):
-        if any(p.startswith(q + '/') for q in extra if q != p): continue
-        args += parents(p) + ['--ro-bind', p, p]; made.add(p); bound.append(p)
-    if roots is not None: roots += bound   # the host folders the sandbox sees (read-only)
-    return args
-
-_HIDDEN_PY = ('raise ImportError("this file is hidden inside the sandbox (a benchmark task is built from it); '
-              'the project\'s own copy under /workspace is the one to import and edit")\n')
-
-def _mask_sources() -> tuple[str, str]:
-    "(empty file, stub module) on the host, bound over hidden files inside the sandbox."
-    d = base_dir() / 'masks'; d.mkdir(exist_ok=True); os.chmod(d, 0o755)
-    out = []
-    for name, text in (('empty', ''), ('hidden.py', _HIDDEN_PY)):
-        p = d / name
-        if not p.exists() or p.read_text() != text:
-            tmp = d / f".{name}.{os.getpid()}"; tmp.write_text(text); os.chmod(tmp, 0o444); os.replace(tmp, p)
-        out.append(str(p))
-    return out[0], out[1]
-
-def visible_roots() -> list[str]:
-    "The host folders a sandbox can read (bound read-only at the same path)."
-    roots: list = []; _system_binds(roots); return roots
-
-def _mask_args(hide) -> list[str]:
-    "bwrap arguments covering each hidden host path the sandbox would see: folders by empty ones, `.py` files by a stub raising ImportError, other files by an empty file."
-    if not hide: return []
-    roots = visible_roots()
-    empty, stub = _mask_sources(); a = []
-    for p in sorted({os.path.realpath(os.fspath(x)) for x in hide}):
-        if not os.path.exists(p) or not any(p.startswith(r + '/') for r in roots): continue
-        if os.path.isdir(p): a += ['--perms', '0555', '--tmpfs', p]
-        else: a += ['--ro-bind', stub if p.endswith('.py') else empty, p]
-    return a
-
-def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool, hide=()) -> list[str]:
-    "The full argv: bwrap (namespaces, mounts) -> setpriv (uid) -> unshare (user ns) -> prlimit -> sh -c."
-    root = _is_root()
-    a = ['bwrap', '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
-         '--die-with-parent', '--new-session', '--hostname', 'sandbox']
-    if root: a += ['--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID']
-    else: a += ['--unshare-user', '--uid', str(os.getuid()), '--gid', str(os.getgid())]
-    a += _system_binds() + _mask_args(hide)
-    a += ['--proc', '/proc', '--dev', '/dev', '--perms', '1777', '--size', str(lim.tmp_mb << 20), '--tmpfs', '/tmp',
-          '--perms', '1777', '--size', str(min(lim.tmp_mb, 64) << 20), '--tmpfs', '/dev/shm']
-    if workspace is not None: a += ['--bind', str(workspace), INNER_ROOT]
-    else: a += ['--dir', INNER_ROOT]
-    a += ['--chdir', cwd, '--remount-ro', '/', '--clearenv']
-    for k, v in env.items(): a += ['--setenv', k, v]
-    if root:
-        a += ['setpriv', f'--reuid={uid}', f'--regid={uid}', '--clear-groups', '--no-new-privs', '--inh-caps=-all', '--']
-        if userns: a += ['unshare', '--user', f'--map-user={uid}', f'--map-group={uid}', '--']
-    cpu = max(1, int(round(lim.cpu_s)))
-    a += ['prlimit', f'--cpu={cpu}:{cpu + 2}', f'--as={lim.mem_mb << 20}', f'--nproc={lim.nproc}',
-          f'--fsize={lim.fsize_mb << 20}', f'--nofile={lim.nofile}', '--core=0', '--', '/bin/sh', '-c', cmd]
-    return a
-
-def _base_env() -> dict:
-    # the base interpreter, not a virtualenv's link to it: a venv may sit under /tmp, which the sandbox replaces
-    bindir = os.path.dirname(os.path.realpath(sys.executable))
-    return {'PATH': f"{bindir}:/usr/local/bin:/usr/bin:/bin", 'HOME': '/tmp', 'TMPDIR': '/tmp', 'LANG': 'C.UTF-8',
-            'LC_ALL': 'C.UTF-8', 'TERM': 'dumb', 'USER': 'sandbox', 'PYTHONDONTWRITEBYTECODE': '1',
-            'PYTHONUNBUFFERED': '1', 'PYTHONHASHSEED': '0', 'PIP_NO_INDEX': '1', 'HF_HUB_OFFLINE': '1'}
-
-def sandbox_support() -> tuple[bool, str]:
-    "(usable, why not): bubblewrap installed and a trial command runs in the full namespace chain."
-    if 'ok' not in _support:
-        ok, why = False, ''
-        if not sys.platform.startswith('linux'): why = 'the sandbox needs Linux namespaces'
-        elif not shutil.which('bwrap'): why = 'bubblewrap (bwrap) is not installed: apt-get install bubblewrap (make sysdeps)'
-        elif _is_root() and not (shutil.which('setpriv') and shutil.which('unshare')): why = 'setpriv/unshare (util-linux) missing'
-        elif not shutil.which('prlimit'): why = 'prlimit (util-linux) missing'
-        else:
-            for userns in ([True, False] if _is_root() else [False]):
-                try:
-                    r = subprocess.run(_chain(SANDBOX_UID, Limits(), None, INNER_ROOT, _base_env(), 'echo ok', userns),
-                                       capture_output=True, timeout=30)
-                    if r.returncode == 0 and r.stdout.strip() == b'ok': ok, why = True, ''; _support['userns'] = userns; break
-                    why = f"bubblewrap trial failed (exit {r.returncode}): {r.stderr.decode(errors='replace').strip()[:500]}"
-                except (OSError, subprocess.TimeoutExpired) as e: why = f"bubblewrap trial failed: {e}"
-        _support['ok'], _support['why'] = ok, why
-    return _support['ok'], _support['why']
-
-def bwrap_available() -> bool:
-    "Whether commands can be sandboxed here; `sandbox_support()[1]` says why not."
-    return sandbox_support()[0]
-
-# %% ../nbs/30_env.ipynb #c021
 _counter = itertools.count()
 _lowers: dict[str, '_Lower'] = {}
 _idle_lowers: dict[str, '_Lower'] = {}   # refcount 0, kept for the next sandbox of the same tree (LRU)
@@ -413,6 +57,7 @@ def _signature(repo: Path) -> str:
     for rel, st in sorted(_walk(repo).items()): h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
     return h.hexdigest()[:24]
 
+# %% ../nbs/30_env.ipynb #c007
 class _Lower:
     "Refcounted read-only copy of a repository (the overlay's lower layer)."
     def __init__(self, key: str, repo: Path, uid: int):
@@ -459,6 +104,7 @@ def _drop_idle_lowers(_reg=_lowers, _idle=_idle_lowers, _lock=_lowers_lock, _rm=
 
 atexit.register(_drop_idle_lowers, at_exit=True)
 
+# %% ../nbs/30_env.ipynb #c008
 @dataclass(eq=False)
 class Snapshot:
     "A saved workspace state; `meta` is whatever the episode stored with it (e.g. its step and messages)."
@@ -497,7 +143,7 @@ def cleanup_stale() -> list[str]:
         _rmtree(d); removed.append(d.name)
     return removed
 
-# %% ../nbs/30_env.ipynb #c023
+# %% ../nbs/30_env.ipynb #c010
 class _State:
     "What must be undone when a sandbox goes away (kept apart from the Sandbox so a finalizer can run it)."
     def __init__(self): self.root = None; self.merged = None; self.lower = None; self.proc = None
@@ -519,7 +165,175 @@ _cleaned = []
 _SIGNALS = {9: 'SIGKILL (a memory, CPU or process limit, or a kill)', 24: 'SIGXCPU: CPU time limit exceeded',
             25: 'SIGXFSZ: file size limit exceeded', 11: 'SIGSEGV', 6: 'SIGABRT', 15: 'SIGTERM'}
 
-class Sandbox:
+# %% ../nbs/30_env.ipynb #c011
+class _SandboxCommands:
+    "`Sandbox.run` and `Sandbox.kill` (a part of `Sandbox`)."
+    def run(self, cmd: str, timeout: float | None = None, cwd: str = '.', env: dict | None = None) -> RunResult:
+        "Run shell command `cmd` in the sandbox (cwd relative to the workspace). Limits end in `exit_code`/`reason`."
+        if not isinstance(cmd, str) or not cmd.strip(): raise ValueError(f"command must be a non-empty string, got {cmd!r}")
+        lim = self.limits
+        wall = float(lim.wall_s if timeout is None else timeout)
+        if not wall > 0: raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        with self._lock:
+            self._check_alive()
+            host_cwd = confine(self.workspace, cwd)
+            if not host_cwd.is_dir(): raise WorkspacePathError(f"working directory {cwd!r} is not a directory in the workspace")
+            inner_cwd = INNER_ROOT + ('/' + os.path.relpath(host_cwd, self.workspace) if host_cwd != self.workspace else '')
+            e = {**_base_env(), **self.extra_env, **(env or {})}
+            argv = _chain(self.uid, lim, self.workspace, inner_cwd, e, cmd, _support.get('userns', False), self.hide)
+            t0 = time.monotonic(); flood = []
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True, close_fds=True)
+            self._st.proc = p
+            def kill():
+                try: os.killpg(p.pid, signal.SIGKILL)
+                except OSError: pass
+            def on_flood(): flood.append(1); kill()
+            co = _Capture(p.stdout, lim.output_bytes, lim.kill_output_bytes, on_flood)
+            ce = _Capture(p.stderr, lim.output_bytes, lim.kill_output_bytes, on_flood)
+            timed_out = False
+            try: p.wait(timeout=wall)
+            except subprocess.TimeoutExpired: timed_out = True; kill(); p.wait()
+            for c in (co, ce): c.thread.join(10)
+            if any(c.thread.is_alive() for c in (co, ce)):  # something still holds the pipes: should be impossible
+                kill(); p.stdout.close(); p.stderr.close()
+            p.stdout.close(); p.stderr.close()
+            self._st.proc = None
+            dur = time.monotonic() - t0
+            out, t1 = co.result(); err, t2 = ce.result()
+            rc = p.returncode
+            if rc < 0 and not timed_out and not flood:
+                self._died = 'killed from outside' if self._killed else f"bwrap was killed by signal {-rc} from outside"
+                raise SandboxDied(f"sandbox died while running {cmd[:80]!r}: {self._died}")
+            reason = ''
+            if timed_out: rc, reason = 124 if rc is None or rc < 0 else rc, f"wall-clock limit of {wall:g}s reached; the whole process tree was killed"
+            elif flood: rc, reason = 125, f"output flood: more than {lim.kill_output_bytes} bytes written; the command was killed"
+            elif rc == 1 and err.startswith('bwrap: '): raise SandboxError(f"bubblewrap could not start the command: {err.strip()}")
+            elif rc > 128 and rc - 128 in _SIGNALS: reason = f"killed by {_SIGNALS[rc - 128]}"
+            return RunResult(rc, out, err, timed_out, dur, t1 or t2, reason)
+
+    def kill(self):
+        "Kill the running command and mark the sandbox dead (what a crashed worker looks like); safe from any thread."
+        self._killed = True; self._died = self._died or 'killed'
+        p = self._st.proc
+        if p is not None and p.poll() is None:
+            try: os.killpg(p.pid, signal.SIGKILL)
+            except OSError: pass
+
+# %% ../nbs/30_env.ipynb #c012
+class _SandboxFiles:
+    "The file side of `Sandbox` (a part of it): host paths, reads and writes, changes and diffs."
+    def path(self, rel) -> Path:
+        "Host path of workspace path `rel`; `WorkspacePathError` if it escapes."
+        return confine(self.workspace, rel)
+    def write_file(self, rel, text: str | bytes):
+        "Write a file in the workspace (parents created; atomic; owned by the sandbox uid)."
+        with self._lock:
+            self._check_alive()
+            p = self.path(rel)
+            if p == self.workspace or p.is_dir(): raise WorkspacePathError(f"{rel!r} is a directory")
+            made, q = [], p.parent
+            while not q.exists(): made.append(q); q = q.parent
+            if not q.is_dir(): raise WorkspacePathError(f"{rel!r}: {q.relative_to(self.workspace)} is not a directory")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix='.tmp-')
+            try:
+                with os.fdopen(fd, 'wb') as f: f.write(text.encode() if isinstance(text, str) else text)
+                mode = stat.S_IMODE(os.stat(p).st_mode) if p.exists() else 0o644
+                os.chmod(tmp, mode)
+                if _is_root():
+                    os.chown(tmp, self.uid, self.uid)
+                    for d in made: os.chown(d, self.uid, self.uid)
+                os.replace(tmp, p)
+            except BaseException:
+                if os.path.exists(tmp): os.unlink(tmp)
+                raise
+    def read_file(self, rel) -> str:
+        "Text of a workspace file (`WorkspacePathError` if it escapes or is missing)."
+        with self._lock:
+            self._check_alive()
+            p = self.path(rel)
+            if not p.exists(): raise WorkspacePathError(f"{rel!r} does not exist in the workspace")
+            if p.is_dir(): raise WorkspacePathError(f"{rel!r} is a directory")
+            if not p.is_file(): raise WorkspacePathError(f"{rel!r} is not a regular file (a FIFO or device would block)")
+            return p.read_text(encoding='utf-8', errors='replace')
+    def changed_paths(self) -> list[str]:
+        "Workspace paths that may differ from the base (overlay: read off the upper layer)."
+        if self.backend != 'overlay': return sorted(set(_walk(self.base)) | set(_walk(self.workspace)))
+        upper, out = self._st.root / 'upper', set()
+        for dp, dns, fns in os.walk(upper):
+            rel_dir = os.path.relpath(dp, upper)
+            for n in dns + fns:
+                full = os.path.join(dp, n); rel = n if rel_dir == '.' else f"{rel_dir}/{n}"
+                st = os.lstat(full)
+                opaque = False
+                if stat.S_ISDIR(st.st_mode):
+                    try: opaque = os.getxattr(full, 'trusted.overlay.opaque', follow_symlinks=False) == b'y'
+                    except OSError: pass
+                    if not opaque: continue
+                out.add(rel)
+                lowp = self.base / rel
+                if lowp.is_dir() and not lowp.is_symlink(): out |= {f"{rel}/{r}" for r in _walk(lowp)}
+                if opaque: out |= {f"{rel}/{r}" for r in _walk(Path(full))}
+        return sorted(out)
+    def diff(self, exclude=DIFF_EXCLUDE) -> str:
+        "Unified diff of the workspace against the tree it started from (`patch -p1` applies it)."
+        with self._lock:
+            self._check_alive()
+            return tree_diff(self.base, self.workspace, only=self.changed_paths() if self.backend == 'overlay' else None, exclude=exclude)
+    def tree_hash(self, exclude=()) -> str: return tree_hash(self.workspace, exclude)
+
+# %% ../nbs/30_env.ipynb #c013
+class _SandboxSnapshots:
+    "Snapshots, restores and forks of a `Sandbox` (a part of it)."
+    def snapshot(self, meta: Any = None) -> Snapshot:
+        "Save the workspace; cheap with overlay (copies only what changed). Becomes `last_snapshot`."
+        with self._lock:
+            self._check_alive()
+            d = _new_dir('snap')
+            try:
+                if self.backend == 'overlay':
+                    _cp(self._st.root / 'upper', d / 'tree'); self._st.lower.incref()
+                    snap = Snapshot(d.name, d / 'tree', 'overlay', self._st.lower, self.base, meta, hide=self.hide)
+                else:
+                    _cp(self.workspace, d / 'tree'); snap = Snapshot(d.name, d / 'tree', 'copy', None, self.repo_dir, meta, hide=self.hide)
+            except BaseException: _rmtree(d); raise
+            self.last_snapshot = snap
+            return snap
+    def restore(self, snap: Snapshot):
+        "Put the workspace back exactly as it was at `snap` (which may come from another sandbox of the same backend)."
+        if not isinstance(snap, Snapshot): raise TypeError(f"restore needs a Snapshot, got {type(snap).__name__}")
+        if snap.backend != self.backend: raise SandboxError(f"cannot restore a {snap.backend} snapshot into a {self.backend} sandbox")
+        if not snap.path.exists(): raise SandboxError(f"snapshot {snap.id} was discarded")
+        with self._lock:
+            if self.closed: raise SandboxError('sandbox is closed')
+            st = self._st
+            if self.backend == 'overlay':
+                self._unmount()
+                if snap.lower is not st.lower:
+                    snap.lower.incref(); old, st.lower = st.lower, snap.lower; old.release()
+                self._build_upper(snap.path); self._mount()
+            else:
+                ws = self.workspace; _trash(ws); _cp(snap.path, ws)
+            self._died = None; self._killed = False
+    def fork(self) -> 'Sandbox':
+        "An independent sandbox with a copy of this workspace (sharing the read-only lower layer)."
+        with self._lock:
+            self._check_alive()
+            if self.backend == 'overlay':
+                child = Sandbox(self.repo_dir, self.limits, 'overlay', self.uid, self.extra_env, self.hide, _lower=self._st.lower,
+                                _upper_from=self._st.root / 'upper')
+            else: child = Sandbox(self.repo_dir, self.limits, 'copy', self.uid, self.extra_env, self.hide, _upper_from=self.workspace)
+            return child
+    @classmethod
+    def from_snapshot(cls, snap: Snapshot, limits: Limits | None = None, **kw) -> 'Sandbox':
+        "A new sandbox whose workspace is `snap` (hiding what the snapshot's sandbox hid, unless `hide` is given)."
+        kw.setdefault('hide', snap.hide)
+        if snap.backend == 'overlay': return cls(snap.lower.repo, limits, 'overlay', _lower=snap.lower, _upper_from=snap.path, **kw)
+        return cls(snap.base, limits, 'copy', _upper_from=snap.path, **kw)
+
+# %% ../nbs/30_env.ipynb #c014
+class Sandbox(_SandboxCommands, _SandboxFiles, _SandboxSnapshots):
     "A writable workspace over a read-only copy of `repo_dir`, where `run` executes commands under bubblewrap."
     def __init__(self, repo_dir, limits: Limits | None = None, backend: str = 'auto', uid: int = SANDBOX_UID,
                  env: dict | None = None, hide: Iterable = (), _lower: '_Lower | None' = None, _upper_from: Path | None = None):
@@ -586,167 +400,6 @@ class Sandbox:
         if self.backend == 'overlay' and not _is_mount(ws): self._died = 'its workspace overlay is no longer mounted'; raise SandboxDied(self._died)
         if not ws.is_dir(): self._died = 'its workspace directory is gone'; raise SandboxDied(self._died)
 
-    # -- commands -------------------------------------------------------------------------------------
-    def run(self, cmd: str, timeout: float | None = None, cwd: str = '.', env: dict | None = None) -> RunResult:
-        "Run shell command `cmd` in the sandbox (cwd relative to the workspace). Limits end in `exit_code`/`reason`."
-        if not isinstance(cmd, str) or not cmd.strip(): raise ValueError(f"command must be a non-empty string, got {cmd!r}")
-        lim = self.limits
-        wall = float(lim.wall_s if timeout is None else timeout)
-        if not wall > 0: raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        with self._lock:
-            self._check_alive()
-            host_cwd = confine(self.workspace, cwd)
-            if not host_cwd.is_dir(): raise WorkspacePathError(f"working directory {cwd!r} is not a directory in the workspace")
-            inner_cwd = INNER_ROOT + ('/' + os.path.relpath(host_cwd, self.workspace) if host_cwd != self.workspace else '')
-            e = {**_base_env(), **self.extra_env, **(env or {})}
-            argv = _chain(self.uid, lim, self.workspace, inner_cwd, e, cmd, _support.get('userns', False), self.hide)
-            t0 = time.monotonic(); flood = []
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True, close_fds=True)
-            self._st.proc = p
-            def kill():
-                try: os.killpg(p.pid, signal.SIGKILL)
-                except OSError: pass
-            def on_flood(): flood.append(1); kill()
-            co = _Capture(p.stdout, lim.output_bytes, lim.kill_output_bytes, on_flood)
-            ce = _Capture(p.stderr, lim.output_bytes, lim.kill_output_bytes, on_flood)
-            timed_out = False
-            try: p.wait(timeout=wall)
-            except subprocess.TimeoutExpired: timed_out = True; kill(); p.wait()
-            for c in (co, ce): c.thread.join(10)
-            if any(c.thread.is_alive() for c in (co, ce)):  # something still holds the pipes: should be impossible
-                kill(); p.stdout.close(); p.stderr.close()
-            p.stdout.close(); p.stderr.close()
-            self._st.proc = None
-            dur = time.monotonic() - t0
-            out, t1 = co.result(); err, t2 = ce.result()
-            rc = p.returncode
-            if rc < 0 and not timed_out and not flood:
-                self._died = 'killed from outside' if self._killed else f"bwrap was killed by signal {-rc} from outside"
-                raise SandboxDied(f"sandbox died while running {cmd[:80]!r}: {self._died}")
-            reason = ''
-            if timed_out: rc, reason = 124 if rc is None or rc < 0 else rc, f"wall-clock limit of {wall:g}s reached; the whole process tree was killed"
-            elif flood: rc, reason = 125, f"output flood: more than {lim.kill_output_bytes} bytes written; the command was killed"
-            elif rc == 1 and err.startswith('bwrap: '): raise SandboxError(f"bubblewrap could not start the command: {err.strip()}")
-            elif rc > 128 and rc - 128 in _SIGNALS: reason = f"killed by {_SIGNALS[rc - 128]}"
-            return RunResult(rc, out, err, timed_out, dur, t1 or t2, reason)
-
-    def kill(self):
-        "Kill the running command and mark the sandbox dead (what a crashed worker looks like); safe from any thread."
-        self._killed = True; self._died = self._died or 'killed'
-        p = self._st.proc
-        if p is not None and p.poll() is None:
-            try: os.killpg(p.pid, signal.SIGKILL)
-            except OSError: pass
-
-    # -- files ----------------------------------------------------------------------------------------
-    def path(self, rel) -> Path:
-        "Host path of workspace path `rel`; `WorkspacePathError` if it escapes."
-        return confine(self.workspace, rel)
-    def write_file(self, rel, text: str | bytes):
-        "Write a file in the workspace (parents created; atomic; owned by the sandbox uid)."
-        with self._lock:
-            self._check_alive()
-            p = self.path(rel)
-            if p == self.workspace or p.is_dir(): raise WorkspacePathError(f"{rel!r} is a directory")
-            made, q = [], p.parent
-            while not q.exists(): made.append(q); q = q.parent
-            if not q.is_dir(): raise WorkspacePathError(f"{rel!r}: {q.relative_to(self.workspace)} is not a directory")
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix='.tmp-')
-            try:
-                with os.fdopen(fd, 'wb') as f: f.write(text.encode() if isinstance(text, str) else text)
-                mode = stat.S_IMODE(os.stat(p).st_mode) if p.exists() else 0o644
-                os.chmod(tmp, mode)
-                if _is_root():
-                    os.chown(tmp, self.uid, self.uid)
-                    for d in made: os.chown(d, self.uid, self.uid)
-                os.replace(tmp, p)
-            except BaseException:
-                if os.path.exists(tmp): os.unlink(tmp)
-                raise
-    def read_file(self, rel) -> str:
-        "Text of a workspace file (`WorkspacePathError` if it escapes or is missing)."
-        with self._lock:
-            self._check_alive()
-            p = self.path(rel)
-            if not p.exists(): raise WorkspacePathError(f"{rel!r} does not exist in the workspace")
-            if p.is_dir(): raise WorkspacePathError(f"{rel!r} is a directory")
-            if not p.is_file(): raise WorkspacePathError(f"{rel!r} is not a regular file (a FIFO or device would block)")
-            return p.read_text(encoding='utf-8', errors='replace')
-    def changed_paths(self) -> list[str]:
-        "Workspace paths that may differ from the base (overlay: read off the upper layer)."
-        if self.backend != 'overlay': return sorted(set(_walk(self.base)) | set(_walk(self.workspace)))
-        upper, out = self._st.root / 'upper', set()
-        for dp, dns, fns in os.walk(upper):
-            rel_dir = os.path.relpath(dp, upper)
-            for n in dns + fns:
-                full = os.path.join(dp, n); rel = n if rel_dir == '.' else f"{rel_dir}/{n}"
-                st = os.lstat(full)
-                opaque = False
-                if stat.S_ISDIR(st.st_mode):
-                    try: opaque = os.getxattr(full, 'trusted.overlay.opaque', follow_symlinks=False) == b'y'
-                    except OSError: pass
-                    if not opaque: continue
-                out.add(rel)
-                lowp = self.base / rel
-                if lowp.is_dir() and not lowp.is_symlink(): out |= {f"{rel}/{r}" for r in _walk(lowp)}
-                if opaque: out |= {f"{rel}/{r}" for r in _walk(Path(full))}
-        return sorted(out)
-    def diff(self, exclude=DIFF_EXCLUDE) -> str:
-        "Unified diff of the workspace against the tree it started from (`patch -p1` applies it)."
-        with self._lock:
-            self._check_alive()
-            return tree_diff(self.base, self.workspace, only=self.changed_paths() if self.backend == 'overlay' else None, exclude=exclude)
-    def tree_hash(self, exclude=()) -> str: return tree_hash(self.workspace, exclude)
-
-    # -- snapshots ------------------------------------------------------------------------------------
-    def snapshot(self, meta: Any = None) -> Snapshot:
-        "Save the workspace; cheap with overlay (copies only what changed). Becomes `last_snapshot`."
-        with self._lock:
-            self._check_alive()
-            d = _new_dir('snap')
-            try:
-                if self.backend == 'overlay':
-                    _cp(self._st.root / 'upper', d / 'tree'); self._st.lower.incref()
-                    snap = Snapshot(d.name, d / 'tree', 'overlay', self._st.lower, self.base, meta, hide=self.hide)
-                else:
-                    _cp(self.workspace, d / 'tree'); snap = Snapshot(d.name, d / 'tree', 'copy', None, self.repo_dir, meta, hide=self.hide)
-            except BaseException: _rmtree(d); raise
-            self.last_snapshot = snap
-            return snap
-    def restore(self, snap: Snapshot):
-        "Put the workspace back exactly as it was at `snap` (which may come from another sandbox of the same backend)."
-        if not isinstance(snap, Snapshot): raise TypeError(f"restore needs a Snapshot, got {type(snap).__name__}")
-        if snap.backend != self.backend: raise SandboxError(f"cannot restore a {snap.backend} snapshot into a {self.backend} sandbox")
-        if not snap.path.exists(): raise SandboxError(f"snapshot {snap.id} was discarded")
-        with self._lock:
-            if self.closed: raise SandboxError('sandbox is closed')
-            st = self._st
-            if self.backend == 'overlay':
-                self._unmount()
-                if snap.lower is not st.lower:
-                    snap.lower.incref(); old, st.lower = st.lower, snap.lower; old.release()
-                self._build_upper(snap.path); self._mount()
-            else:
-                ws = self.workspace; _trash(ws); _cp(snap.path, ws)
-            self._died = None; self._killed = False
-    def fork(self) -> 'Sandbox':
-        "An independent sandbox with a copy of this workspace (sharing the read-only lower layer)."
-        with self._lock:
-            self._check_alive()
-            if self.backend == 'overlay':
-                child = Sandbox(self.repo_dir, self.limits, 'overlay', self.uid, self.extra_env, self.hide, _lower=self._st.lower,
-                                _upper_from=self._st.root / 'upper')
-            else: child = Sandbox(self.repo_dir, self.limits, 'copy', self.uid, self.extra_env, self.hide, _upper_from=self.workspace)
-            return child
-    @classmethod
-    def from_snapshot(cls, snap: Snapshot, limits: Limits | None = None, **kw) -> 'Sandbox':
-        "A new sandbox whose workspace is `snap` (hiding what the snapshot's sandbox hid, unless `hide` is given)."
-        kw.setdefault('hide', snap.hide)
-        if snap.backend == 'overlay': return cls(snap.lower.repo, limits, 'overlay', _lower=snap.lower, _upper_from=snap.path, **kw)
-        return cls(snap.base, limits, 'copy', _upper_from=snap.path, **kw)
-
     def close(self):
         "Kill anything running, unmount and delete the workspace (idempotent)."
         self._fin()
@@ -755,7 +408,7 @@ class Sandbox:
     def __repr__(self):
         return f"Sandbox({str(self.repo_dir)!r}, backend={self.backend!r}{', closed' if self.closed else ''})"
 
-# %% ../nbs/30_env.ipynb #c027
+# %% ../nbs/30_env.ipynb #c020
 @dataclass
 class Failure:
     "One recorded failure of an episode attempt."

@@ -12,8 +12,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .chat import CallError, SPECIAL_TOKENS, ToolCall, parse_assistant
-from .env import (DIFF_EXCLUDE, Sandbox, SandboxError, WorkspacePathError, _excluded, confine,
-                           truncate_middle)
+from .env import Sandbox
+from .env_base import (DIFF_EXCLUDE, SandboxError, WorkspacePathError, _excluded, confine, program_text,
+                                truncate_middle)
 
 # %% auto #0
 __all__ = ['TEXT_SUFFIXES', 'MAX_FILE_BYTES', 'TEXT_NAMES', 'Observation', 'ToolError', 'defuse', 'Param', 'ToolSpec', 'Chunk',
@@ -138,6 +139,7 @@ def minilm_embedder(device: str = 'cpu') -> Callable[[list[str]], np.ndarray]:
             _models[device] = embed
         return _models[device]
 
+# %% ../nbs/31_tools.ipynb #c010
 def _text_files(root: Path, max_bytes: int) -> list[str]:
     out = []
     for dp, dns, fns in os.walk(root):
@@ -211,7 +213,9 @@ class CodeIndex:
         order = np.argsort(-scores, kind='stable')[:k]
         return [(float(scores[i]), self.chunks[i]) for i in order]
 
-# %% ../nbs/31_tools.ipynb #c013
+# %% ../nbs/31_tools.ipynb #c014
+_READS = ('programs/grep.py',)   # run inside the sandbox by the grep tool
+
 def _tool(name: str, description: str, *params: Param):
     "Register a tool. Calling it directly (`tb.grep('x')`) goes through `execute` too, so it never raises either."
     spec = ToolSpec(name, description, list(params))
@@ -224,50 +228,9 @@ def _tool(name: str, description: str, *params: Param):
         return call
     return deco
 
-_GREP_SCRIPT = r'''
-import fnmatch, json, os, re, sys
-a = json.loads(os.environ["C2_GREP"])
-rx = re.compile(a["pattern"])
-root, ctx, glob, limit = a["path"], a["context"], a["glob"], a["max_matches"]
-skip = set(a["skip"])
-def files():
-    if os.path.isfile(root): yield root; return
-    for dp, dns, fns in os.walk(root):
-        dns[:] = sorted(d for d in dns if not any(fnmatch.fnmatch(d, s) for s in skip))
-        for n in sorted(fns):
-            if any(fnmatch.fnmatch(n, s) for s in skip): continue
-            p = os.path.join(dp, n)
-            rel = os.path.relpath(p, ".")
-            if glob and not (fnmatch.fnmatch(n, glob) or fnmatch.fnmatch(rel, glob)): continue
-            if os.path.islink(p): continue
-            yield p
-n = 0; nfiles = 0; out = []
-for p in files():
-    try:
-        with open(p, "rb") as f: b = f.read(2_000_000)
-    except OSError: continue
-    if b"\0" in b[:8192]: continue
-    lines = b.decode("utf-8", "replace").splitlines()
-    hits = [i for i, l in enumerate(lines) if rx.search(l)]
-    if not hits: continue
-    nfiles += 1; rel = os.path.relpath(p, ".")
-    shown = set(); last = None
-    for i in hits:
-        n += 1
-        if n > limit: continue
-        lo, hi = max(0, i - ctx), min(len(lines) - 1, i + ctx)
-        if ctx and last is not None and lo > last + 1: out.append("--")
-        for j in range(lo, hi + 1):
-            if j in shown: continue
-            shown.add(j); out.append(f"{rel}{':' if j == i or j in hits else '-'}{j + 1}{':' if j == i or j in hits else '-'}{lines[j]}")
-        last = hi
-if out: print("\n".join(out))
-if n > limit: print(f"[... {n - limit} more matches not shown; narrow the pattern, path or glob]")
-print(f"[{n} match{'es' if n != 1 else ''} in {nfiles} file{'s' if nfiles != 1 else ''}]")
-'''
-
-class Toolbox:
-    "The agent's tools bound to one sandbox. `execute(call)` never raises except when the sandbox itself fails."
+# %% ../nbs/31_tools.ipynb #c015
+class _ToolboxCore:
+    "The registry, dispatch and path helpers of `Toolbox` (the tools are defined on its subclasses)."
     def __init__(self, sandbox: Sandbox, index_dir=None, max_output: int = 10000, shell_timeout: float | None = None,
                  embedder: Callable | None = None, max_matches: int = 200):
         self.sb, self.max_output, self.shell_timeout, self.max_matches = sandbox, max_output, shell_timeout, max_matches
@@ -326,8 +289,13 @@ class Toolbox:
         return p
     def _rel(self, p: Path) -> str:
         r = os.path.relpath(p, self.sb.workspace); return '.' if r == '.' else r
+    def _timeout(self, t):
+        lim = self.sb.limits.wall_s
+        return min(t if t is not None else (self.shell_timeout or lim), lim)
 
-    # -- tools ---------------------------------------------------------------------------------------
+# %% ../nbs/31_tools.ipynb #c016
+class _ReadTools(_ToolboxCore):
+    "The read-only tools of `Toolbox`: read_file, list_dir, grep, semantic_search."
     @_tool('read_file', 'Read a text file of the repository, optionally only lines start_line..end_line (1-based, inclusive). '
            'Lines are shown with their numbers.',
            Param('path', 'string', 'file path, relative to the repository root', True),
@@ -378,7 +346,7 @@ class Toolbox:
         rel = self._rel(p)
         args = json.dumps({'pattern': pattern, 'path': rel, 'context': context, 'glob': glob, 'max_matches': self.max_matches,
                            'skip': list(DIFF_EXCLUDE) + ['.git']})
-        r = self.sb.run(f"python -c {shlex.quote(_GREP_SCRIPT)}", timeout=self._timeout(30), env={'C2_GREP': args})
+        r = self.sb.run(f"python -c {shlex.quote(program_text('grep.py'))}", timeout=self._timeout(30), env={'C2_GREP': args})
         if r.timed_out: raise ToolError(f"search timed out ({r.reason}); narrow the path or simplify the pattern")
         if r.exit_code != 0: raise ToolError(f"search failed: {r.stderr.strip()[-500:]}")
         return Observation('grep', True, r.stdout.rstrip('\n'))
@@ -398,9 +366,11 @@ class Toolbox:
             out.append(f"{i}. {c.path}:{c.start}-{c.end} (score {s:.3f})\n" + '\n'.join('    ' + l for l in shown) + more)
         return Observation('semantic_search', True, '\n'.join(out))
 
-    def _timeout(self, t):
-        lim = self.sb.limits.wall_s
-        return min(t if t is not None else (self.shell_timeout or lim), lim)
+# %% ../nbs/31_tools.ipynb #c017
+class Toolbox(_ReadTools):
+    "The agent's tools bound to one sandbox. `execute(call)` never raises except when the sandbox itself fails."
+    # every tool in the class itself, in order (`vars(Toolbox)` lists them): the read tools first, then the rest
+    read_file, list_dir, grep, semantic_search = _ReadTools.read_file, _ReadTools.list_dir, _ReadTools.grep, _ReadTools.semantic_search
 
     @_tool('shell', 'Run a shell command in the repository (sandboxed: no network, limited time and resources). '
            'Prints stdout, stderr and the exit code.',

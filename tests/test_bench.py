@@ -7,6 +7,7 @@ import pytest, yaml
 
 from conftest import TOY_ORIG, toy_task
 from composer2 import bench as B, tasks as T
+from composer2.stages import bench as SB
 from composer2.config import ConfigError
 
 
@@ -78,7 +79,7 @@ def test_bench_config_is_validated(tmp_path):
     for bad, msg in [({'agents': ['oracle', 'gpt']}, 'unknown'), ({'samples': 2, 'ks': [3]}, 'bench.ks'),
                      ({'agents': ['oracle', None]}, r'bench.agents\[1\]'), ({'samples': 0}, 'bench.samples')]:
         p.write_text(yaml.safe_dump({'bench': bad}))
-        with pytest.raises(ConfigError, match=msg): B.stage(str(p))
+        with pytest.raises(ConfigError, match=msg): SB.run(str(p))
 
 
 def run_stage(tmp_path, tasks, monkeypatch):
@@ -88,7 +89,7 @@ def run_stage(tmp_path, tasks, monkeypatch):
         'name': 'ToyBench', 'version': 'v0', 'agents': ['oracle', 'null', 'heuristic'], 'samples': 2, 'ks': [1, 2],
         'workers': 2, 'quality': True, 'exclusions': 'exclusions.json'}}))
     monkeypatch.chdir(tmp_path)
-    return B.stage('params.yaml')
+    return SB.run('params.yaml')
 
 
 @pytest.mark.slow
