@@ -13,13 +13,13 @@ __all__ = ['STAGES', 'COMMANDS', 'load_entry', 'resolve_stage', 'main']
 
 # %% ../nbs/90_cli.ipynb #c004
 STAGES = {
-    'data': 'composer2.data:stage',
-    'tokenizer': 'composer2.tokenizer:stage',
-    'base': 'composer2.pretrain:stage_base',
-    'cpt': 'composer2.pretrain:stage_cpt',
-    'long_context': 'composer2.parallel:stage_long_context_cp',  # cp_size 1: composer2.pretrain's stage, unchanged
-    'sft': 'composer2.sft:stage',
-    'eval': 'composer2.evaluate:stage',
+    'data': 'composer2.stages.data:run',
+    'tokenizer': 'composer2.stages.tokenizer:run',
+    'base': 'composer2.stages.pretrain:base',
+    'cpt': 'composer2.stages.pretrain:cpt',
+    'long_context': 'composer2.stages.pretrain:long_context',
+    'sft': 'composer2.stages.sft:run',
+    'eval': 'composer2.stages.eval:run',
     'mtp': 'composer2.stages.mtp:run',
     'lowp': 'composer2.stages.lowp:run',
     'tasks': 'composer2.stages.tasks:run',

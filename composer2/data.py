@@ -9,13 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
-
-from .config import ConfigError, check, load_section, write_json, write_resolved
+from .config import ConfigError, check
 
 # %% auto #0
 __all__ = ['DEFAULT_RESERVED', 'SKIP_DIRS', 'DataConfig', 'Doc', 'stdlib_dir', 'iter_code', 'iter_prose', 'minhash', 'dedup',
-           'exclusions_for', 'build_corpus', 'write_docs', 'read_docs', 'stage']
+           'exclusions_for', 'build_corpus', 'write_docs', 'read_docs']
 
 # %% ../nbs/02_data.ipynb #c005
 DEFAULT_RESERVED = ['textwrap', 'colorsys', 'fnmatch', 'shlex', 'graphlib', 'fractions', 'difflib', 'calendar',
@@ -205,15 +203,3 @@ def read_docs(path) -> list[Doc]:
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"corpus split {path} is missing: run the data stage (dvc repro data)")
     return [Doc(**json.loads(l)) for l in path.read_text(encoding='utf-8').splitlines() if l]
-
-# %% ../nbs/02_data.ipynb #c016
-def stage(params='params.yaml') -> dict:
-    cfg = load_section(DataConfig, 'data', params)
-    out = Path(cfg.out_dir); out.mkdir(parents=True, exist_ok=True)
-    splits, excl, stats = build_corpus(cfg)
-    for name, docs in tqdm(splits.items(), desc='write splits'): write_docs(out / f'{name}.jsonl', docs)
-    write_json(out / 'exclusions.json', excl)
-    write_resolved(out, data=cfg)
-    metrics = {'corpus': stats, 'reserved_modules': len(cfg.reserved_modules), 'excluded_files': len(excl['files'])}
-    write_json('reports/metrics/data.json', metrics)
-    return metrics

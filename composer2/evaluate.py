@@ -9,13 +9,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .config import load_section, write_json, write_resolved
 from .sft import SFTConfig, completion_loss, heldout_tasks
 from .tokenizer import Tokenizer, load_stream
 from .train import load_model, perplexity
 
 # %% auto #0
-__all__ = ['EvalConfig', 'evaluate_checkpoints', 'stage']
+__all__ = ['EvalConfig', 'evaluate_checkpoints']
 
 # %% ../nbs/08_evaluate.ipynb #c004
 @dataclass
@@ -44,10 +43,3 @@ def evaluate_checkpoints(cfg: EvalConfig) -> dict:
                      'sft_heldout_loss': completion_loss(m, tasks), 'step': meta['step'],
                      'rope_scaling': meta['model_config']['rope_scaling']['kind']}
     return out
-
-def stage(params='params.yaml') -> dict:
-    cfg = load_section(EvalConfig, 'eval', params)
-    res = evaluate_checkpoints(cfg)
-    write_resolved('data/eval', eval=cfg)
-    write_json('reports/metrics/eval.json', res)
-    return res

@@ -16,7 +16,8 @@ from .config import ConfigError, check
 
 # %% auto #0
 __all__ = ['RopeScaling', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'apply_rope', 'KVCache', 'Attention', 'DenseFFN', 'MoEStats',
-           'route', 'MoE', 'ModelOutput', 'Block', 'Transformer', 'Generation', 'sample_next', 'generate']
+           'route', 'dispatch', 'expert_ffn', 'combine', 'balance_loss', 'MoE', 'ModelOutput', 'Block', 'Transformer',
+           'Generation', 'sample_next', 'generate']
 
 # %% ../nbs/04_model.ipynb #c006
 @dataclass
@@ -211,6 +212,37 @@ def route(moe, x, routes=None):
     if cfg.norm_topk: gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-9)
     return s, idx, gates
 
+def dispatch(x, idx, n_experts: int):
+    """Sort the (token, slot) pairs of `idx` [B, T, k] by expert: the rows `xs` of `x` in expert order, the
+    per-expert `counts`, the sort `order` and each row's token `tok`. Shared by `MoE` and the expert-parallel layer."""
+    flat = idx.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=n_experts)
+    tok = order // idx.shape[-1]
+    return x.reshape(-1, x.shape[-1])[tok], counts, order, tok
+
+def expert_ffn(xs, w1, w3, w2, counts, precision='high'):
+    "The SwiGLU experts on rows sorted by expert (`counts[e]` rows for expert e of the weights [E, h, d], [E, d, h])."
+    return _grouped(F.silu(_grouped(xs, w1, counts, precision)) * _grouped(xs, w3, counts, precision), w2, counts, precision)
+
+def combine(ys, gates, order, tok, x):
+    "Gate the expert outputs `ys` (in `dispatch` order) and scatter-add them back to their tokens: a tensor like `x`."
+    ys = ys * gates.reshape(-1)[order, None].to(x.dtype)
+    return torch.zeros_like(x.reshape(-1, x.shape[-1])).index_add_(0, tok, ys).view(x.shape)
+
+def balance_loss(s, idx, valid=None):
+    """Switch-style balance loss over real tokens, E * sum_e (fraction routed to e) * (mean router prob of e), from the
+    scores `s` [B, T, E] and routes `idx` [B, T, k]; returns (per-expert counts of real tokens, loss)."""
+    E, k = s.shape[-1], idx.shape[-1]
+    m = (valid.reshape(-1).float() if valid is not None else torch.ones(s.shape[:-1].numel(), device=s.device))
+    n = m.sum().clamp_min(1)
+    onehot = F.one_hot(idx.reshape(-1, k), E).sum(1).float()
+    frac = (onehot * m[:, None]).sum(0) / (n * k)
+    sp = s.reshape(-1, E)
+    prob = (sp / sp.sum(-1, keepdim=True) * m[:, None]).sum(0) / n
+    return (onehot * m[:, None]).sum(0), E * (frac * prob).sum()
+
+# %% ../nbs/04_model.ipynb #c018
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -228,28 +260,13 @@ class MoE(nn.Module):
 
     def forward(self, x, routes=None, valid=None):
         "x [B, T, d]; `routes` [B, T, k] forces expert choices; `valid` [B, T] marks real (unpadded) tokens."
-        cfg, (B, T, d) = self.cfg, x.shape
         s, idx, gates = route(self, x, routes)
-        xf, flat = x.reshape(-1, d), idx.reshape(-1)
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=cfg.n_experts)
-        tok = order // cfg.top_k
-        xs = xf[tok]
-        p = cfg.precision
-        hs = F.silu(_grouped(xs, self.w1, counts, p)) * _grouped(xs, self.w3, counts, p)
-        ys = _grouped(hs, self.w2, counts, p) * gates.reshape(-1)[order, None].to(x.dtype)
-        out = torch.zeros_like(xf).index_add_(0, tok, ys).view(B, T, d)
+        xs, counts, order, tok = dispatch(x, idx, self.cfg.n_experts)
+        out = combine(expert_ffn(xs, self.w1, self.w3, self.w2, counts, self.cfg.precision), gates, order, tok, x)
         if self.shared is not None: out = out + self.shared(x)
-        # Switch-style balance loss over real tokens: E * sum_e (fraction routed to e) * (mean router prob of e)
-        m = (valid.reshape(-1).float() if valid is not None else torch.ones(B * T, device=x.device))
-        n = m.sum().clamp_min(1)
-        onehot = F.one_hot(idx.reshape(-1, cfg.top_k), cfg.n_experts).sum(1).float()
-        frac = (onehot * m[:, None]).sum(0) / (n * cfg.top_k)
-        prob = (s.reshape(-1, cfg.n_experts) / s.reshape(-1, cfg.n_experts).sum(-1, keepdim=True) * m[:, None]).sum(0) / n
-        aux = cfg.n_experts * (frac * prob).sum()
-        return out, MoEStats(idx, (onehot * m[:, None]).sum(0), aux)
+        return out, MoEStats(idx, *balance_loss(s, idx, valid))
 
-# %% ../nbs/04_model.ipynb #c020
+# %% ../nbs/04_model.ipynb #c021
 @dataclass
 class ModelOutput:
     logits: torch.Tensor                    # [B, T, V]
@@ -272,7 +289,7 @@ class Block(nn.Module):
             return x + h, st
         return x + self.ffn(self.ffn_norm(x)), None
 
-# %% ../nbs/04_model.ipynb #c021
+# %% ../nbs/04_model.ipynb #c022
 class Transformer(nn.Module):
     "The decoder-only MoE language model."
     def __init__(self, cfg: ModelConfig):
@@ -352,7 +369,7 @@ class Transformer(nn.Module):
             n -= c.n_moe_layers * (c.n_experts - c.top_k) * per_expert
         return n
 
-# %% ../nbs/04_model.ipynb #c025
+# %% ../nbs/04_model.ipynb #c026
 @dataclass
 class Generation:
     tokens: list[list[int]]        # new tokens per row (up to and including eos)

@@ -14,15 +14,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ConfigError, check
-from .model import MoE, MoEStats, Attention, DenseFFN, _grouped, route
+from .model import MoE, MoEStats, Attention, DenseFFN, balance_loss, combine, dispatch, expert_ffn, route
 
 # %% auto #0
 __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigzag_unshard', 'lse_merge', 'ring_attention',
            'free_port', 'spawn_local', 'moe_aux_hooks', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather',
            'all_to_all', 'EPMoE', 'shard_experts', 'copy_to_tp', 'reduce_from_tp', 'ColumnParallelLinear',
            'RowParallelLinear', 'TPAttention', 'TPDenseFFN', 'tp_shard_model', 'ParallelDims', 'mesh_ranks',
-           'ParallelMesh', 'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention', 'CPPretrainConfig',
-           'CPStep', 'run_pretrain_cp', 'stage_long_context_cp', 'param_counts', 'comm_volumes', 'main']
+           'ParallelMesh', 'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention']
 
 # %% ../nbs/50_parallel.ipynb #c006
 def group_size(group=None) -> int:
@@ -217,7 +216,7 @@ def spawn_local(fn: Callable, world: int, *args, backend: str = 'gloo', threads:
         mp.spawn(_spawn_entry, args=(fn, world, free_port(), d, args, backend, threads), nprocs=world, join=True)
         return [torch.load(os.path.join(d, f'{r}.pt'), weights_only=False) for r in range(world)]
 
-# %% ../nbs/50_parallel.ipynb #c101
+# %% ../nbs/50_parallel.ipynb #c022
 from contextlib import contextmanager
 
 @contextmanager
@@ -241,7 +240,7 @@ def moe_aux_hooks(model: nn.Module, real: torch.Tensor, group=None):
     finally:
         for h in handles: h.remove()
 
-# %% ../nbs/50_parallel.ipynb #c022
+# %% ../nbs/50_parallel.ipynb #c024
 @dataclass
 class CPOutput:
     logits: torch.Tensor        # [B, 2c, V] this rank's zigzag shard
@@ -290,7 +289,7 @@ def cp_gather(x: torch.Tensor, group=None, dim: int = 1, length: int | None = No
     dist.all_gather(parts, x.contiguous(), group=group)
     return zigzag_unshard(parts, W, dim, length)
 
-# %% ../nbs/50_parallel.ipynb #c026
+# %% ../nbs/50_parallel.ipynb #c030
 class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, out_splits, in_splits, group):
@@ -316,6 +315,7 @@ def _clone(m: nn.Module | None):
     memo = {id(v): v for sub in m.modules() for v in vars(sub).values() if isinstance(v, dist.ProcessGroup)}
     return copy.deepcopy(m, memo)
 
+# %% ../nbs/50_parallel.ipynb #c031
 class EPMoE(nn.Module):
     "A `composer2.model.MoE` with its experts sharded over the EP `group`; same forward signature and outputs."
     def __init__(self, moe: MoE, group=None):
@@ -335,13 +335,9 @@ class EPMoE(nn.Module):
     scores = MoE.scores
 
     def forward(self, x, routes=None, valid=None):
-        cfg, (B, T, d), W, El = self.cfg, x.shape, self.ep, self.n_local
-        s, idx, gates = route(self, x, routes)
-        xf, flat = x.reshape(-1, d), idx.reshape(-1)
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=cfg.n_experts)             # per global expert, sorted = by dest rank
-        tok = order // cfg.top_k
-        xs = xf[tok]
+        cfg, W, El = self.cfg, self.ep, self.n_local
+        s, idx, gates = route(self, x, routes)                             # composer2.model's routing, dispatch, loss
+        xs, counts, order, tok = dispatch(x, idx, cfg.n_experts)           # rows by global expert = by dest rank
         if W > 1:
             cin = torch.empty_like(counts)
             dist.all_to_all_single(cin, counts, group=self.group)          # cin[s*El + e]: rows rank s sends my expert e
@@ -349,24 +345,14 @@ class EPMoE(nn.Module):
             xr = all_to_all(xs, recv, send, self.group)                     # rows by source rank, then local expert
             le = torch.arange(El, device=x.device).repeat(W).repeat_interleave(cin)
             o2 = le.argsort(stable=True); inv = o2.argsort()
-            lc = cin.view(W, El).sum(0)
+            xe, lc = xr[o2], cin.view(W, El).sum(0)
         else:
-            xr, o2, inv, lc = xs, None, None, counts
-        xe = xr[o2] if o2 is not None else xr
-        p = cfg.precision
-        h = F.silu(_grouped(xe, self.w1, lc, p)) * _grouped(xe, self.w3, lc, p)
-        y = _grouped(h, self.w2, lc, p)
-        if o2 is not None: y = all_to_all(y[inv], send, recv, self.group)  # combine: outputs go home
-        ys = y * gates.reshape(-1)[order, None].to(x.dtype)
-        out = torch.zeros_like(xf).index_add_(0, tok, ys).view(B, T, d)
+            xe, lc = xs, counts
+        y = expert_ffn(xe, self.w1, self.w3, self.w2, lc, cfg.precision)
+        if W > 1: y = all_to_all(y[inv], send, recv, self.group)           # combine: outputs go home
+        out = combine(y, gates, order, tok, x)
         if self.shared is not None: out = out + self.shared(x)
-        m = (valid.reshape(-1).float() if valid is not None else torch.ones(B * T, device=x.device))
-        n = m.sum().clamp_min(1)
-        onehot = F.one_hot(idx.reshape(-1, cfg.top_k), cfg.n_experts).sum(1).float()
-        frac = (onehot * m[:, None]).sum(0) / (n * cfg.top_k)
-        sp = s.reshape(-1, cfg.n_experts)
-        prob = (sp / sp.sum(-1, keepdim=True) * m[:, None]).sum(0) / n
-        return out, MoEStats(idx, (onehot * m[:, None]).sum(0), cfg.n_experts * (frac * prob).sum())
+        return out, MoEStats(idx, *balance_loss(s, idx, valid))
 
 def shard_experts(model, group=None):
     "Replace every MoE layer of a `Transformer` by its `EPMoE` shard over `group`, in place; returns the model."
@@ -374,7 +360,7 @@ def shard_experts(model, group=None):
         if layer.is_moe and not isinstance(layer.ffn, EPMoE): layer.ffn = EPMoE(layer.ffn, group)
     return model
 
-# %% ../nbs/50_parallel.ipynb #c030
+# %% ../nbs/50_parallel.ipynb #c035
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group): ctx.group = group; return x
@@ -452,7 +438,7 @@ def tp_shard_model(model, group=None):
         else: layer.ffn = TPDenseFFN(layer.ffn, group)
     return model
 
-# %% ../nbs/50_parallel.ipynb #c032
+# %% ../nbs/50_parallel.ipynb #c037
 @dataclass
 class ParallelDims:
     "Degrees of data, context, tensor and expert parallelism; `ep` is folded over the dp·cp ranks."
@@ -527,7 +513,7 @@ def init_parallel(dims: ParallelDims, cfg=None, device_mesh: bool = False, devic
                   'expert': init_device_mesh(device_type, (dims.edp, dims.ep, dims.tp), mesh_dim_names=('edp', 'ep', 'tp'))}
     return ParallelMesh(dims, me, groups, mine, meshes)
 
-# %% ../nbs/50_parallel.ipynb #c034
+# %% ../nbs/50_parallel.ipynb #c039
 def reduce_grads(model: nn.Module, mesh: ParallelMesh):
     "Average/sum gradients over the mesh: experts over `edp`, everything else over `dp_cp`; then divide by dp."
     expert = {id(p) for m in model.modules() if isinstance(m, EPMoE) for p in (m.w1, m.w2, m.w3)}
@@ -538,7 +524,7 @@ def reduce_grads(model: nn.Module, mesh: ParallelMesh):
         for p in model.parameters():
             if p.grad is not None: p.grad /= mesh.dims.dp
 
-# %% ../nbs/50_parallel.ipynb #c038
+# %% ../nbs/50_parallel.ipynb #c043
 def saved_bytes(fn: Callable, *args, **kw) -> tuple:
     "Run `fn(*args, **kw)` and count the bytes of the tensors autograd saves for its backward: (result, bytes)."
     n = [0]
@@ -563,169 +549,3 @@ def check_ring_attention(rank: int, world: int, T: int = 13, H: int = 4, H_kv: i
     err = (o - zigzag_shard(ref.detach(), rank, world, 2))[:, :, real].abs().max().item()
     gerr = max((s.grad - zigzag_shard(l.grad, rank, world, 2)).abs().max().item() for s, l in zip(sh, leaves))
     return dict(out_err=err, grad_err=gerr, saved_bytes=nbytes)
-
-# %% ../nbs/50_parallel.ipynb #c105
-from dataclasses import replace as _replace
-from pathlib import Path
-from .pretrain import PretrainConfig, build_model, run_pretrain
-from .train import Batch, WindowSampler, masked_ce, perplexity, train as _train
-from .tokenizer import Tokenizer, load_stream
-from .config import load_section, to_dict, write_json, write_resolved
-
-@dataclass
-class CPPretrainConfig(PretrainConfig):
-    "A pretraining stage config with `cp_size`: ranks sharing each sequence (zigzag ring attention)."
-    cp_size: int = 1
-    def __post_init__(self):
-        super().__post_init__()
-        check(isinstance(self.cp_size, int) and self.cp_size >= 1, f"cp_size must be an integer >= 1, got {self.cp_size!r}")
-
-class CPStep:
-    "`batch_fn` and `loss_fn` for `composer2.train.train` on this rank of a CP group (see the prose above)."
-    def __init__(self, sampler, seq_len: int, mesh: ParallelMesh, aux_coef: float, accum: int):
-        self.sampler, self.T, self.mesh, self.aux_coef, self.accum = sampler, seq_len, mesh, aux_coef, accum
-        c = mesh.coords(); self.cp_rank, self.dp_rank = c['cp'], c['dp']
-        self.cp, self.dp, self.group = mesh.dims.cp, mesh.dims.dp, mesh.cp_group
-        self.pos = zigzag_positions(seq_len, self.cp_rank, self.cp)
-        self.n_local, self._mb = 0.0, 0
-    def batch_fn(self, step: int, rank: int = 0, world: int = 1) -> Batch:
-        b = self.sampler(step, self.dp_rank, self.dp)            # the replica's windows, the same on its CP ranks
-        if b.x.shape[1] != self.T: raise ValueError(f"CP batch of length {b.x.shape[1]}, expected seq_len {self.T}")
-        sh = lambda t: zigzag_shard(t, self.cp_rank, self.cp, 1, 0)
-        out = Batch(sh(b.x), sh(b.y), sh(b.mask))
-        self.n_local, self._mb = float(out.mask.sum()), 0
-        return out
-    def loss_fn(self, model, mb: Batch):
-        dev = mb.x.device; B = mb.x.shape[0]
-        pos = self.pos.to(dev)
-        real = (pos < self.T)[None].expand(B, -1)
-        use_aux = self.aux_coef > 0 and getattr(model, 'module', model).cfg.n_moe_layers > 0
-        if use_aux and self._mb == 0:                              # the step's global token count (all ranks)
-            n = torch.tensor(self.n_local, device=dev); dist.all_reduce(n); self.n_global = n.clamp_min(1)
-        self._mb += 1
-        attn = lambda q, k, v: ring_attention(q, k, v, self.group, causal=True, seq_len=self.T)
-        with moe_aux_hooks(getattr(model, 'module', model), real, self.group):
-            out = model(mb.x, positions=pos[None].expand(B, -1), attn_fn=attn)
-        s, n = masked_ce(out.logits, mb.y, mb.mask)
-        if use_aux:
-            a = self.aux_coef * out.aux_loss * self.n_global / (self.accum * self.dp)
-            s = s + (a - a.detach())                               # gradient of the balance loss, value unchanged
-        return s, n
-
-def _launched() -> bool: return int(os.environ.get('WORLD_SIZE', '1')) > 1
-
-def _cp_pretrain(name: str, cfg: CPPretrainConfig, model_cfg=None) -> dict | None:
-    "One rank of a CP pretraining run (torch.distributed set up by a launcher or by `run_pretrain_cp`)."
-    cuda = torch.cuda.is_available()
-    if not dist.is_initialized():
-        if cuda: torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
-        dist.init_process_group('nccl' if cuda else 'gloo')
-    world, cp = dist.get_world_size(), cfg.cp_size
-    if world % cp: raise ConfigError(f"{name}.cp_size ({cp}) must divide the world size ({world})")
-    dims = ParallelDims(dp=world // cp, cp=cp)
-    tc = cfg.train
-    if tc.batch_size % dims.dp: raise ConfigError(f"{name}.train.batch_size ({tc.batch_size}) must be divisible by dp = world/cp_size = {dims.dp}")
-    per_rank = tc.batch_size // dims.dp; micro = tc.micro_batch_size or per_rank
-    if per_rank % micro: raise ConfigError(f"{name}.train.micro_batch_size {micro} must divide the per-replica batch {per_rank}")
-    tok = Tokenizer.load(cfg.tokenizer)
-    model, init_meta = build_model(cfg, model_cfg, tok.vocab_size)
-    if tc.seq_len > model.cfg.max_seq_len:
-        raise ConfigError(f"{name}.train.seq_len ({tc.seq_len}) exceeds the model context ({model.cfg.max_seq_len})")
-    if model.cfg.bias_update_rate > 0:
-        raise ConfigError(f"{name}.cp_size > 1 does not support model.bias_update_rate > 0 (aux-loss-free balancing)")
-    mesh = init_parallel(dims, model.cfg)
-    stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
-    L = tc.seq_len
-    ev = lambda m: {'val_ppl': perplexity(m, val, L, tc.eval_windows), 'heldout_ppl': perplexity(m, held, L, tc.eval_windows)}
-    out, rank = Path(cfg.out_dir), dist.get_rank()
-    if rank == 0: write_resolved(out, **{name: cfg}, model=model.cfg)
-    local = int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
-    run_cfg = _replace(tc, batch_size=tc.batch_size * cp, threads=max(1, tc.threads // local) if tc.threads else 0)
-    step = CPStep(WindowSampler(stream, L, tc.batch_size, tc.seed), L, mesh, model.cfg.aux_loss_coef, per_rank // micro)
-    hist = _train(model, run_cfg, step.batch_fn, out, stage=name, eval_fn=ev, live_dir=f'reports/live/{name}',
-                  loss_fn=step.loss_fn,
-                  meta={'init': cfg.init, 'init_commit': init_meta.get('git_commit'), 'train_config': to_dict(tc),
-                        'parallel': {'dp': dims.dp, 'cp': cp}})
-    if rank != 0: return None
-    last = hist['eval'][-1]
-    metrics = {'steps': tc.steps, 'seq_len': L, 'tokens': hist['tokens'][-1], 'final_loss': hist['loss'][-1],
-               'first_loss': hist['loss'][0], 'val_ppl': last['val_ppl'], 'heldout_ppl': last['heldout_ppl'],
-               'tokens_per_s': hist['tokens_per_s'], 'wall_s': hist['wall_s'],
-               'params_total': model.num_params(), 'params_active': model.num_params(active=True),
-               'rope_scaling': to_dict(model.cfg.rope_scaling), 'eval_curve': hist['eval'],
-               'cp_size': cp, 'dp_size': dims.dp, 'loss_curve': hist['loss']}
-    write_json(f'reports/metrics/{name}.json', metrics)
-    return metrics
-
-def _cp_entry(rank, world, port, name, cfg, model_cfg, outdir):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    try:
-        res = _cp_pretrain(name, cfg, model_cfg)
-        if res is not None: torch.save(res, os.path.join(outdir, 'metrics.pt'))
-    finally:
-        if dist.is_initialized(): dist.destroy_process_group()
-
-def run_pretrain_cp(name: str, cfg: PretrainConfig, model_cfg=None) -> dict | None:
-    "Run pretraining stage `name` with `cfg.cp_size` ranks per sequence (in the launched group, or on spawned local processes)."
-    cp = getattr(cfg, 'cp_size', 1)
-    if cp == 1 and not _launched(): return run_pretrain(name, cfg, model_cfg)
-    if _launched(): return _cp_pretrain(name, cfg, model_cfg)
-    import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_cp_entry, args=(cp, free_port(), name, cfg, model_cfg, d), nprocs=cp, join=True)
-        return torch.load(os.path.join(d, 'metrics.pt'), weights_only=False)
-
-def stage_long_context_cp(params='params.yaml', cp_size: int | None = None) -> dict | None:
-    "The long_context stage with context parallelism: the `long_context` section, `cp_size` from it or the argument."
-    cfg = load_section(CPPretrainConfig, 'long_context', params)
-    if cp_size is not None: cfg = _replace(cfg, cp_size=cp_size)
-    return run_pretrain_cp('long_context', cfg)
-
-# %% ../nbs/50_parallel.ipynb #c043
-def param_counts(cfg) -> dict:
-    """Total and active parameters of a `ModelConfig`-like object (analytic: no model is built; any object with its
-    fields works, e.g. a `SimpleNamespace` for shapes `ModelConfig` refuses, like 384 experts). Keys: total, active, experts."""
-    d, L = cfg.d_model, cfg.n_layers; Lm = L - cfg.n_dense_layers; hd = d // cfg.n_heads
-    attn = d * cfg.n_heads * hd * 2 + d * cfg.n_kv_heads * hd * 2
-    expert = 3 * d * cfg.d_expert
-    moe = cfg.n_experts * expert + d * cfg.n_experts + cfg.n_shared_experts * expert
-    dense = 3 * d * cfg.d_dense
-    emb = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
-    total = L * (attn + 2 * d) + Lm * moe + (L - Lm) * dense + emb + d
-    return dict(total=total, active=total - Lm * (cfg.n_experts - cfg.top_k) * expert, experts=Lm * cfg.n_experts * expert)
-
-def comm_volumes(cfg, seq: int, tp: int = 1, cp: int = 1, ep: int = 1, coupled: bool = False, bytes_per: int = 2) -> dict:
-    """Bytes one rank sends per step and per sequence of `seq` tokens (fwd + bwd, all layers) for TP, CP and EP, and
-    the expert parameters each rank holds. `coupled=True`: the experts are sharded inside the TP group (EP tied to
-    TP; `ep` is ignored) — no all-to-all, but an extra all-reduce of the MoE output per layer. `zero3_gather`: bytes
-    of expert weights a rank would gather per step if the experts were ZeRO-3-sharded over `ep` ranks instead of EP."""
-    d, L, k = cfg.d_model, cfg.n_layers, cfg.top_k; Lm = L - cfg.n_dense_layers; hd = d // cfg.n_heads
-    N = seq / cp                                   # tokens a rank holds (replicated over its TP group)
-    ar = lambda n, w: 2 * (w - 1) / w * n * bytes_per if w > 1 else 0.0     # ring all-reduce, bytes sent per rank
-    kv = 2 * N * (cfg.n_kv_heads / tp) * hd * bytes_per
-    tp_b = L * 4 * ar(N * d, tp)                                 # attn + FFN (dense or shared) all-reduce, fwd + bwd
-    cp_b = L * (3 * cp - 2) * kv if cp > 1 else 0.0              # K/V (cp-1) fwd + (cp-1) bwd, dK/dV cp in bwd
-    if coupled: ep_b, shards = Lm * 2 * ar(N * d, tp), tp        # MoE output all-reduce in the TP group, fwd + bwd
-    else: ep_b, shards = Lm * 4 * N * k * d * bytes_per * (ep - 1) / ep, ep   # dispatch + combine, fwd + bwd
-    E = param_counts(cfg)['experts']
-    return dict(tp=tp_b, cp=cp_b, ep=ep_b, total=tp_b + cp_b + ep_b, expert_params_per_rank=E / shards,
-                zero3_gather=2 * E * bytes_per * (ep - 1) / ep)
-
-# %% ../nbs/50_parallel.ipynb #c109
-def main(argv=None):
-    import argparse, sys, time
-    ap = argparse.ArgumentParser(prog='python -m composer2.parallel', description='pipeline stages with context parallelism')
-    sub = ap.add_subparsers(dest='cmd', required=True)
-    s = sub.add_parser('stage', help='run a stage with cp_size ranks per sequence')
-    s.add_argument('name', choices=['long_context']); s.add_argument('--params', default='params.yaml')
-    s.add_argument('--cp', type=int, default=None, help='cp_size (default: the section\'s cp_size, else 1)')
-    a = ap.parse_args(argv)
-    t0 = time.time()
-    try: stage_long_context_cp(a.params, a.cp)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr); return 2
-    if group_rank() == 0 or not _launched(): print(f"stage {a.name} (cp) finished in {time.time() - t0:.1f}s", file=sys.stderr)
-    return 0
-
-if __name__ == '__main__' and '__file__' in globals(): raise SystemExit(main())

@@ -11,13 +11,13 @@ from typing import Literal
 
 import torch
 
-from .config import ConfigError, check, load_section, to_dict, write_json, write_resolved
+from .config import ConfigError, check, to_dict, write_resolved
 from .model import ModelConfig, RopeScaling, Transformer
 from .tokenizer import Tokenizer, load_stream
 from .train import TrainConfig, WindowSampler, load_model, perplexity, train
 
 # %% auto #0
-__all__ = ['PretrainConfig', 'build_model', 'run_pretrain', 'stage_base', 'stage_cpt', 'stage_long_context']
+__all__ = ['PretrainConfig', 'build_model', 'pretrain_metrics', 'run_pretrain']
 
 # %% ../nbs/06_pretrain.ipynb #c004
 @dataclass
@@ -52,9 +52,20 @@ def build_model(stage_cfg: PretrainConfig, model_cfg: ModelConfig | None, vocab_
                                max_seq_len=old * stage_cfg.context_factor)
     return model, meta
 
-def run_pretrain(name: str, cfg: PretrainConfig, model_cfg: ModelConfig | None = None) -> dict:
+def pretrain_metrics(tc: TrainConfig, hist: dict, model: Transformer) -> dict:
+    "A pretraining run's metrics from `train`'s history: losses, the last evaluation, throughput, sizes, RoPE."
+    last = hist['eval'][-1]
+    return {'steps': tc.steps, 'seq_len': tc.seq_len, 'tokens': hist['tokens'][-1], 'final_loss': hist['loss'][-1],
+            'first_loss': hist['loss'][0], 'val_ppl': last['val_ppl'], 'heldout_ppl': last['heldout_ppl'],
+            'tokens_per_s': hist['tokens_per_s'], 'wall_s': hist['wall_s'],
+            'params_total': model.num_params(), 'params_active': model.num_params(active=True),
+            'rope_scaling': to_dict(model.cfg.rope_scaling), 'eval_curve': hist['eval']}
+
+def run_pretrain(name: str, cfg: PretrainConfig, model_cfg: ModelConfig | None = None, live_dir=None) -> dict:
+    """Train pretraining stage `name` into `cfg.out_dir` (checkpoint and resolved config), logging curves to
+    `live_dir` (none when None); returns the metrics."""
     tok = Tokenizer.load(cfg.tokenizer)
-    model, init_meta = build_model(cfg, model_cfg, tok.vocab_size)
+    model, _ = build_model(cfg, model_cfg, tok.vocab_size)
     if cfg.train.seq_len > model.cfg.max_seq_len:
         raise ConfigError(f"{name}.train.seq_len ({cfg.train.seq_len}) exceeds the model context ({model.cfg.max_seq_len})")
     stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
@@ -63,23 +74,5 @@ def run_pretrain(name: str, cfg: PretrainConfig, model_cfg: ModelConfig | None =
     out = Path(cfg.out_dir)
     write_resolved(out, **{name: cfg}, model=model.cfg)
     hist = train(model, cfg.train, WindowSampler(stream, L, cfg.train.batch_size, cfg.train.seed), out, stage=name,
-                 eval_fn=ev, live_dir=f'reports/live/{name}',
-                 meta={'init': cfg.init, 'init_commit': init_meta.get('git_commit')})
-    last = hist['eval'][-1]
-    metrics = {'steps': cfg.train.steps, 'seq_len': L, 'tokens': hist['tokens'][-1], 'final_loss': hist['loss'][-1],
-               'first_loss': hist['loss'][0], 'val_ppl': last['val_ppl'], 'heldout_ppl': last['heldout_ppl'],
-               'tokens_per_s': hist['tokens_per_s'], 'wall_s': hist['wall_s'],
-               'params_total': model.num_params(), 'params_active': model.num_params(active=True),
-               'rope_scaling': to_dict(model.cfg.rope_scaling), 'eval_curve': hist['eval']}
-    write_json(f'reports/metrics/{name}.json', metrics)
-    return metrics
-
-# %% ../nbs/06_pretrain.ipynb #c006
-def _stage(name, params, with_model=False):
-    cfg = load_section(PretrainConfig, name, params)
-    mcfg = load_section(ModelConfig, 'model', params) if with_model else None
-    return run_pretrain(name, cfg, mcfg)
-
-def stage_base(params='params.yaml'): return _stage('base', params, with_model=True)
-def stage_cpt(params='params.yaml'): return _stage('cpt', params)
-def stage_long_context(params='params.yaml'): return _stage('long_context', params)
+                 eval_fn=ev, live_dir=live_dir, meta={'init': cfg.init})
+    return pretrain_metrics(cfg.train, hist, model)

@@ -12,14 +12,14 @@ import numpy as np
 import torch
 
 from .chat import Message, encode_chat
-from .config import ConfigError, check, load_section, write_json, write_resolved
+from .config import ConfigError, check, write_resolved
 from .data import Doc, read_docs
 from .tokenizer import Tokenizer
 from .train import Batch, TrainConfig, load_model, masked_ce, train
 
 # %% auto #0
 __all__ = ['SYSTEM', 'function_tasks', 'task_messages', 'encode_tasks', 'SFTSampler', 'completion_loss', 'SFTConfig',
-           'heldout_tasks', 'stage']
+           'heldout_tasks', 'run_sft']
 
 # %% ../nbs/07_sft.ipynb #c004
 SYSTEM = 'You are a coding assistant. Complete the Python function the user shows you.'
@@ -101,8 +101,9 @@ def heldout_tasks(cfg: SFTConfig, tok: Tokenizer, max_len: int):
     pairs = function_tasks(read_docs(Path(cfg.corpus_dir) / 'heldout.jsonl'), cfg.min_body_lines, cfg.max_body_lines)
     return encode_tasks(tok, pairs, max_len)[:cfg.max_heldout]
 
-def stage(params='params.yaml') -> dict:
-    cfg = load_section(SFTConfig, 'sft', params)
+def run_sft(cfg: SFTConfig, live_dir=None) -> dict:
+    """Fine-tune `cfg.init` on the corpus's function tasks into `cfg.out_dir`, logging curves to `live_dir` (none
+    when None); returns the metrics (the `sft` stage, `composer2.stages.sft`, writes them)."""
     tok = Tokenizer.load(cfg.tokenizer)
     model, _ = load_model(cfg.init)
     L = min(cfg.train.seq_len, model.cfg.max_seq_len) + 1
@@ -114,10 +115,9 @@ def stage(params='params.yaml') -> dict:
     write_resolved(cfg.out_dir, sft=cfg)
     hist = train(model, cfg.train, SFTSampler(train_ex, cfg.train.batch_size, tok.pad_id, cfg.train.seed), cfg.out_dir,
                  stage='sft', eval_fn=lambda m: {'heldout_completion_loss': completion_loss(m, held)},
-                 live_dir='reports/live/sft', meta={'init': cfg.init})
+                 live_dir=live_dir, meta={'init': cfg.init})
     metrics = {'train_examples': len(train_ex), 'heldout_examples': len(held), 'heldout_completion_loss_before': before,
                'heldout_completion_loss_after': hist['eval'][-1]['heldout_completion_loss'],
                'final_loss': hist['loss'][-1], 'first_loss': hist['loss'][0], 'tokens_per_s': hist['tokens_per_s'],
                'wall_s': hist['wall_s'], 'eval_curve': hist['eval']}
-    write_json('reports/metrics/sft.json', metrics)
     return metrics

@@ -13,11 +13,10 @@ from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizer
 from tqdm.auto import tqdm
 
 from .chat import EOS, PAD, SPECIAL_TOKENS
-from .config import ConfigError, check, load_section, write_json, write_resolved
-from .data import read_docs
+from .config import check
 
 # %% auto #0
-__all__ = ['SPLITS', 'TokenizerConfig', 'Tokenizer', 'encode_stream', 'save_stream', 'load_stream', 'stage']
+__all__ = ['SPLITS', 'TokenizerConfig', 'Tokenizer', 'encode_stream', 'save_stream', 'load_stream']
 
 # %% ../nbs/03_tokenizer.ipynb #c005
 @dataclass
@@ -91,22 +90,3 @@ def load_stream(path) -> np.ndarray:
     if not path.exists(): raise FileNotFoundError(f"token stream {path} is missing: run the tokenizer stage")
     if path.stat().st_size % 2: raise ValueError(f"token stream {path} is truncated (odd byte count)")
     return np.memmap(path, dtype=np.uint16, mode='r')
-
-# %% ../nbs/03_tokenizer.ipynb #c011
-def stage(params='params.yaml') -> dict:
-    cfg = load_section(TokenizerConfig, 'tokenizer', params)
-    cdir = Path(cfg.corpus_dir)
-    docs = {s: read_docs(cdir / f'{s}.jsonl') for s in SPLITS}
-    train_texts = [d.text for d in docs['general']] + [d.text for d in docs['code_train']]
-    tok = Tokenizer.train(train_texts, cfg.vocab_size, cfg.min_frequency)
-    tok.save(Path(cfg.out_dir) / 'tokenizer.json')
-    write_resolved(cfg.out_dir, tokenizer=cfg)
-    stats = {}
-    for s in SPLITS:
-        arr = encode_stream(tok, [d.text for d in docs[s]])
-        save_stream(Path(cfg.tokens_dir) / f'{s}.bin', arr)
-        nbytes = sum(len(d.text.encode()) for d in docs[s])
-        stats[s] = {'docs': len(docs[s]), 'tokens': int(arr.size), 'bytes_per_token': round(nbytes / max(1, arr.size), 3)}
-    metrics = {'vocab_size': tok.vocab_size, 'splits': stats}
-    write_json('reports/metrics/tokenizer.json', metrics)
-    return metrics

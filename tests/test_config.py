@@ -9,7 +9,7 @@ from composer2.pretrain import PretrainConfig
 from composer2.sft import SFTConfig
 from composer2.evaluate import EvalConfig
 from composer2.tokenizer import TokenizerConfig
-from composer2.parallel import CPPretrainConfig
+from composer2.pretrain_cp import CPPretrainConfig
 from composer2.mtp import MTPStageConfig
 from composer2.stages.lowp import LowpStageConfig
 from composer2.tasks import TasksConfig

@@ -12,6 +12,7 @@ def test_forcing_own_routes_reproduces_logits_and_others_change_them(kw):
     m = model(**kw); ids = torch.randint(0, 97, (3, 17))
     out = m(ids, return_routes=True)
     assert out.routes.shape == (m.cfg.n_moe_layers, 3, 17, 2) and out.routes.dtype == torch.long
+    # exact: the same batch through the same kernels, only where the expert ids come from differs
     assert torch.equal(m(ids, routes=out.routes).logits, out.logits)
     other = out.routes.flip(-1).clone(); other[..., 0] = (other[..., 0] + 1) % 4
     other[..., 1] = torch.where(other[..., 1] == other[..., 0], (other[..., 1] + 1) % 4, other[..., 1])
@@ -30,6 +31,7 @@ def test_bad_routes_are_rejected():
     with pytest.raises(ValueError, match='MoE layers'): m(ids, routes=r[:1])
     with pytest.raises(ValueError, match='token ids'): m(torch.tensor([[200]]))
 
+@pytest.mark.numerics
 def test_moe_equals_naive_per_token_loop():
     torch.manual_seed(1); cfg = tiny_cfg(n_shared_experts=0); moe = MoE(cfg)
     x = torch.randn(2, 7, 32); y, st = moe(x)
@@ -39,6 +41,7 @@ def test_moe_equals_naive_per_token_loop():
             g = s[b, t, st.routes[b, t]]; g = g / g.sum()
             for j, e in enumerate(st.routes[b, t].tolist()):
                 ref[b, t] += g[j] * (F.silu(x[b, t] @ moe.w1[e].t()) * (x[b, t] @ moe.w3[e].t())) @ moe.w2[e].t()
+    # toleranced: grouped GEMMs over sorted rows vs per-token vector products sum in different orders
     torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-5)
 
 def greedy_uncached(m, prompt, n):
@@ -46,17 +49,20 @@ def greedy_uncached(m, prompt, n):
     for _ in range(n): seq.append(int(m(torch.tensor([seq])).logits[0, -1].argmax()))
     return seq[len(prompt):]
 
+@pytest.mark.numerics      # argmax over logits from two code paths (cached batched decode vs full forward): a near tie could flip
 def test_cached_greedy_equals_uncached_argmax_loop_batched():
     m = model(); g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (1, 4, 11, 6)]
     out = generate(m, prompts, max_new_tokens=12)
     for p, t in zip(prompts, out.tokens): assert t == greedy_uncached(m, p, 12)
 
+@pytest.mark.numerics
 def test_cache_matches_full_forward_and_rolls_back():
     m = model(); ids = torch.randint(0, 97, (2, 10))
     full = m(ids).logits
     c = KVCache.for_model(m, 2, 32)
     a = m(ids[:, :6], cache=c).logits; b = m(ids[:, 6:], cache=c).logits
+    # toleranced: cached attention over [B, T_new, L] blocks vs one causal SDPA over the whole sequence (other shapes)
     torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=1e-4)
     c.truncate([6, 6]); b2 = m(ids[:, 6:], cache=c).logits          # roll back and replay
     torch.testing.assert_close(b2, b, atol=1e-6, rtol=1e-5)
@@ -70,6 +76,7 @@ def test_padded_positions_carry_no_routes_and_eos_stops():
     first = generate(m, [[1, 2, 3]], max_new_tokens=5).tokens[0][0]
     assert generate(m, [[1, 2, 3]], max_new_tokens=5, eos_id=first).tokens[0] == [first]
 
+@pytest.mark.numerics      # routes are top-k of router scores computed on two code paths (batched cached decode vs full forward)
 def test_generated_routes_and_logprobs_replay_the_training_forward():
     m = model(); prompts = [[1, 2, 3, 4], [5, 6]]
     g = generate(m, prompts, max_new_tokens=5, temperature=1.0, generator=torch.Generator().manual_seed(0), return_routes=True)
@@ -77,4 +84,5 @@ def test_generated_routes_and_logprobs_replay_the_training_forward():
         seq = torch.tensor([p + t]); out = m(seq, return_routes=True)
         assert r.dtype == torch.uint8 and torch.equal(out.routes[:, 0], r.long())
         lp = out.logits[0, len(p) - 1:-1].log_softmax(-1).gather(-1, torch.tensor(t)[:, None])[:, 0]
+        # toleranced: sampling-time log-probs come from the cached, padded batch of both prompts
         torch.testing.assert_close(lp, torch.tensor(g.logprobs[i]), atol=1e-4, rtol=1e-4)
