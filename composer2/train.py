@@ -20,7 +20,7 @@ from .model import ModelConfig, Transformer
 
 # %% auto #0
 __all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'model_state', 'load_weights', 'save_checkpoint', 'load_model',
-           'autocast_ctx', 'masked_ce', 'perplexity', 'train']
+           'autocast_ctx', 'masked_ce', 'perplexity', 'make_optimizer', 'train']
 
 # %% ../nbs/05_train.ipynb #c005
 @dataclass
@@ -160,7 +160,66 @@ def perplexity(model, stream: np.ndarray, seq_len: int, n_windows: int = 16, bat
     model.train(was)
     return math.exp(tot / cnt)
 
-# %% ../nbs/05_train.ipynb #c014
+# %% ../nbs/05_train.ipynb #c015
+def make_optimizer(model, cfg: TrainConfig):
+    "AdamW (no decay on embeddings and 1-D parameters) and its warmup-cosine `LambdaLR` schedule."
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and 'embed' not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and 'embed' not in n)]
+    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
+                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+
+def _resume(model, opt, sched, ckpt: Path, stage: str, cfg: TrainConfig, device, history: dict) -> tuple[int, dict]:
+    "Load an unfinished run of `stage` from `ckpt` into model, optimizer and schedule; (start step, history)."
+    if (ckpt / 'meta.json').exists():
+        m = read_meta(ckpt)
+        if m.get('stage') == stage and m['step'] < cfg.steps:
+            load_weights(model, ckpt / 'model.safetensors', device)
+            st = torch.load(ckpt / 'optimizer.pt', weights_only=True, map_location=device)
+            opt.load_state_dict(st['optimizer']); sched.load_state_dict(st['scheduler'])
+            return m['step'], m.get('history', history)
+    return 0, history
+
+def _deepspeed(model, opt, sched, cfg: TrainConfig, micro: int, accum: int):
+    "The DeepSpeed engine (ZeRO stage `cfg.zero_stage`) around model, optimizer and schedule."
+    import deepspeed
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend='nccl' if torch.cuda.is_available() else 'gloo')
+    ds_cfg = {'train_micro_batch_size_per_gpu': micro, 'gradient_accumulation_steps': accum,
+              'zero_optimization': {'stage': cfg.zero_stage}, 'gradient_clipping': cfg.grad_clip,
+              'bf16': {'enabled': cfg.precision == 'bf16' or (cfg.precision == 'auto' and torch.cuda.is_available())},
+              'steps_per_print': 10 ** 9, 'wall_clock_breakdown': False}
+    engine, opt, _, sched = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
+    return engine, opt, sched
+
+# %% ../nbs/05_train.ipynb #c016
+def _step(model, engine, opt, sched, batch, cfg: TrainConfig, device, accum: int, world: int, aux_coef: float, loss_fn):
+    "One optimizer step over the micro-batches of `batch`: (mean token loss, grad norm, tokens, last forward output)."
+    n_global = batch.mask.sum().float().clone()
+    if world > 1: torch.distributed.all_reduce(n_global)
+    n_global = n_global.clamp_min(1)
+    loss_total, out = torch.zeros((), device=device), None
+    for mb in batch.split(accum):
+        with autocast_ctx(cfg, device):
+            if loss_fn is None:
+                out = model(mb.x) if engine is None else engine(mb.x)
+                s, _ = masked_ce(out.logits, mb.y, mb.mask)
+                aux = out.aux_loss if out.aux_loss is not None else 0.0
+            else:
+                s, _ = loss_fn(model if engine is None else engine, mb); aux = 0.0
+        loss = s / n_global + aux_coef * aux / accum / world
+        if engine is None: loss.backward()
+        else: engine.backward(loss * world * accum); engine.step()   # DeepSpeed divides by accum and averages over ranks
+        loss_total += s.detach() / n_global
+    if world > 1: torch.distributed.all_reduce(loss_total)
+    if engine is None:
+        gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+    else:
+        gn = float(engine.get_global_grad_norm() or 0.0)
+    return float(loss_total), gn, int(n_global), out
+
+# %% ../nbs/05_train.ipynb #c017
 def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str = 'train', eval_fn=None,
           live_dir=None, meta: dict | None = None, stop_after: int | None = None, aux_coef: float | None = None,
           loss_fn=None) -> dict:
@@ -180,29 +239,11 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
     aux_coef = model.cfg.aux_loss_coef if aux_coef is None else aux_coef
     model.to(device).train()
     torch.manual_seed(cfg.seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and 'embed' not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and 'embed' not in n)]
-    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
-                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    opt, sched = make_optimizer(model, cfg)
     start, history = 0, {'step': [], 'loss': [], 'lr': [], 'grad_norm': [], 'tokens': [], 'eval': []}
-    if not use_ds and (ckpt / 'meta.json').exists():
-        m = read_meta(ckpt)
-        if m.get('stage') == stage and m['step'] < cfg.steps:
-            load_weights(model, ckpt / 'model.safetensors', device)
-            st = torch.load(ckpt / 'optimizer.pt', weights_only=True, map_location=device)
-            opt.load_state_dict(st['optimizer']); sched.load_state_dict(st['scheduler'])
-            start, history = m['step'], m.get('history', history)
+    if not use_ds: start, history = _resume(model, opt, sched, ckpt, stage, cfg, device, history)
     engine = None
-    if use_ds:
-        import deepspeed
-        if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend='nccl' if torch.cuda.is_available() else 'gloo')
-        ds_cfg = {'train_micro_batch_size_per_gpu': micro, 'gradient_accumulation_steps': accum,
-                  'zero_optimization': {'stage': cfg.zero_stage}, 'gradient_clipping': cfg.grad_clip,
-                  'bf16': {'enabled': cfg.precision == 'bf16' or (cfg.precision == 'auto' and torch.cuda.is_available())},
-                  'steps_per_print': 10 ** 9, 'wall_clock_breakdown': False}
-        engine, opt, _, sched = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
+    if use_ds: engine, opt, sched = _deepspeed(model, opt, sched, cfg, micro, accum)
     live = None
     if live_dir and rank == 0:
         from dvclive import Live
@@ -214,33 +255,10 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
     t0 = time.time()
     for step in bar:
         batch = batch_fn(step, rank, world).to(device)
-        n_local = batch.mask.sum().float()
-        n_global = n_local.clone()
-        if world > 1: torch.distributed.all_reduce(n_global)
-        n_global = n_global.clamp_min(1)
-        loss_total = torch.zeros((), device=device)
-        for mb in batch.split(accum):
-            with autocast_ctx(cfg, device):
-                if loss_fn is None:
-                    out = model(mb.x) if engine is None else engine(mb.x)
-                    s, _ = masked_ce(out.logits, mb.y, mb.mask)
-                    aux = out.aux_loss if out.aux_loss is not None else 0.0
-                else:
-                    s, _ = loss_fn(model if engine is None else engine, mb); aux = 0.0
-            loss = s / n_global + aux_coef * aux / accum / world
-            if engine is None: loss.backward()
-            else: engine.backward(loss * world * accum); engine.step()   # DeepSpeed divides by accum and averages over ranks
-            loss_total += s.detach() / n_global
-        if world > 1: torch.distributed.all_reduce(loss_total)
-        if engine is None:
-            gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-            opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
-        else:
-            gn = float(engine.get_global_grad_norm() or 0.0)
+        lv, gn, n_tok, out = _step(model, engine, opt, sched, batch, cfg, device, accum, world, aux_coef, loss_fn)
         if model.cfg.bias_update_rate > 0 and loss_fn is None and out.expert_counts is not None:
             model.update_router_biases(out.expert_counts)
-        tok_count += int(n_global)
-        lv = float(loss_total)
+        tok_count += n_tok
         if not math.isfinite(lv): raise FloatingPointError(f"{stage}: loss became {lv} at step {step}")
         history['step'].append(step + 1); history['loss'].append(lv); history['lr'].append(sched.get_last_lr()[0])
         history['grad_norm'].append(gn); history['tokens'].append(tok_count)
@@ -252,8 +270,7 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
             ev = eval_fn(model); history['eval'].append({'step': step + 1, **ev})
             if live is not None:
                 for k, v in ev.items(): live.log_metric(f'eval/{k}', v)
-        last = step + 1 == end
-        if rank == 0 and ((cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or last):
+        if rank == 0 and ((cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or step + 1 == end):
             save_checkpoint(ckpt, model, opt if engine is None else None, sched if engine is None else None, step + 1,
                             {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
     history['wall_s'] = time.time() - t0

@@ -1,5 +1,5 @@
-"The package's structure, checked from the source: layers point one way, no import cycle, dvc.yaml lists each stage's
-real code dependencies, notebooks stay readable. Each check is also run on a planted violation (a test of the test)."
+"""The package's structure, checked from the source: layers point one way, no import cycle, dvc.yaml lists each stage's
+real code dependencies, notebooks stay readable. Each check is also run on a planted violation (a test of the test)."""
 import json, shutil
 from pathlib import Path
 import pytest
