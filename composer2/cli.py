@@ -25,8 +25,8 @@ STAGES = {
     'tasks': 'composer2.tasks:stage',
     'bench': 'composer2.bench:stage',
     'agent_sft': 'composer2.curriculum:stage',
-    'rl': 'composer2.rl:stage_rl',
-    'eval_rl': 'composer2.rl:stage_eval_rl',
+    'rl': 'composer2.stages.rl:run',
+    'eval_rl': 'composer2.stages.eval_rl:run',
 }
 
 def resolve_stage(name: str):
