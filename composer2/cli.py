@@ -25,8 +25,8 @@ STAGES = {
     'tasks': 'composer2.stages.tasks:run',
     'bench': 'composer2.stages.bench:run',
     'agent_sft': 'composer2.stages.agent_sft:run',
-    'rl': 'composer2.rl:stage_rl',
-    'eval_rl': 'composer2.rl:stage_eval_rl',
+    'rl': 'composer2.stages.rl:run',
+    'eval_rl': 'composer2.stages.eval_rl:run',
 }
 
 COMMANDS = {'screen': 'composer2.screen:screen', 'dvc-deps': 'composer2.graph:main'}

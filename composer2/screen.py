@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from .config import ConfigError, check, load_section
-from . import rl as R
+from . import rl_eval as R
 
 # %% auto #0
 __all__ = ['cached_rewards', 'compare_to_cache', 'screen']

@@ -197,6 +197,7 @@ def test_resume_refuses_a_checkpoint_of_other_settings(setup, tmp_path):
                  R.toy_env_factory, tmp_path)
     assert h['resumed_from'] == 1 and R.read_meta(tmp_path / 'ckpt')['step'] == 2
 
+@pytest.mark.numerics
 def test_router_replay_identical_numerics_zero_mismatch(setup):
     tok, codec, model = setup
     m = copy.deepcopy(model).eval()
@@ -208,7 +209,11 @@ def test_router_replay_identical_numerics_zero_mismatch(setup):
                       np.zeros(24, np.int32), out.routes[:, i].numpy().astype(np.uint8)) for i in range(2)]
     b = R.segment_batch(segs, 2, 2)
     mm = R.mismatch(R.token_logprobs(m, b, replay=True).detach(), b['blogp'], b['mask'])
-    assert mm['k3'] == 0.0 and mm['abs_dlogp'] == 0.0 and mm['n'] == 46
+    # Same weights, same fp32 path, but not the same computation: the reference forward runs 24 tokens, the trainer's
+    # 23 (inputs ids[:-1], padded batch), so the CPU kernels block the matmul reductions differently and the log-probs
+    # agree only to fp32 rounding (AVX2 machines: k3 2.7e-14). |d log p| <= 1e-5 bounds k3 ~ d^2 / 2 by 5e-11; a wrong
+    # route or a misaligned target gives |d log p| of order 0.1 and k3 above 1e-3.
+    assert mm['k3'] < 1e-10 and mm['abs_dlogp'] < 1e-5 and mm['n'] == 46
     # a bf16 rollout path is a different numeric path: replay makes the trainer agree with it better than no replay
     rm = copy.deepcopy(model).to(torch.bfloat16).eval()
     rc = _rc(dtype='bfloat16', max_new_tokens=16, max_turns=2)
@@ -256,15 +261,18 @@ def test_ray_backend_runs_workers_as_actors(setup, tmp_path):
         ray.shutdown()
 
 
-def _orphaning_trainer(tok_json, q):
-    "Start a local transport, report the worker pids, then die without closing it (as SIGKILL on the trainer would)."
+def _busy_trainer(tok_json, q):
+    """A trainer-like parent: a local transport with 2 workers and a FULL job queue; reports the worker pids once both
+    are busy rolling out, then waits to be killed."""
     torch.set_num_threads(1)
     _, _, model = R.tiny_setup(seed=0)
-    spec = R.WorkerSpec(R.to_dict(model.cfg), tok_json, _rc(), R.toy_env_factory, 1, 1, 0)
+    spec = R.WorkerSpec(R.to_dict(model.cfg), tok_json, _rc(max_new_tokens=16, max_turns=6), R.toy_env_factory, 1, 1, 0)
     tr = R.LocalTransport(); tr.start(spec, 2, R.publishable_state(model), 0)
+    for g in range(400): tr.submit(g % 2, {'prompt_id': f'p{g}', 'group_id': g, 'group_size': 2, 'env': {'turns': 6}})
+    done, t0 = set(), time.time()
+    while len(done) < 2 and time.time() - t0 < 240: done |= {ev[1] for ev in tr.poll(0.5) if ev[0] == 'group'}
     q.put([p.pid for p in tr.procs])
-    time.sleep(1.0)
-    os._exit(0)
+    time.sleep(600)
 
 
 def _alive(pid):
@@ -276,15 +284,30 @@ def _alive(pid):
 
 
 @pytest.mark.slow
-def test_rollout_workers_exit_when_the_trainer_dies(setup):
+def test_rollout_workers_exit_within_seconds_when_the_trainer_is_killed_mid_run(setup):
     tok, codec, model = setup
     ctx = pymp.get_context('spawn'); q = ctx.Queue()
-    p = ctx.Process(target=_orphaning_trainer, args=(tok.hf.to_str(), q)); p.start()
-    pids = q.get(timeout=120); p.join(30)
-    assert p.exitcode == 0 and len(pids) == 2
-    t0 = time.time()
-    while any(_alive(w) for w in pids) and time.time() - t0 < 60: time.sleep(0.2)
-    assert not any(_alive(w) for w in pids), 'orphaned rollout workers outlived their trainer'
+    p = ctx.Process(target=_busy_trainer, args=(tok.hf.to_str(), q)); p.start()
+    try:
+        pids = q.get(timeout=300)
+        assert len(pids) == 2 and all(_alive(w) for w in pids)
+        os.kill(p.pid, signal.SIGKILL); p.join(10)  # the workers' queues still hold ~390 jobs
+        t0 = time.time()
+        while any(_alive(w) for w in pids) and time.time() - t0 < 10: time.sleep(0.1)
+        assert not any(_alive(w) for w in pids), 'orphaned rollout workers outlived their trainer'
+        assert time.time() - t0 < 5, f'the workers took {time.time() - t0:.1f} s to exit'
+    finally:
+        if p.is_alive(): p.kill()
+
+
+def test_a_worker_that_cannot_start_stops_the_run_with_its_error(setup, tmp_path):
+    "A worker that dies at every start (here: a tokenizer it cannot read) is not restarted for ever."
+    tok, codec, model = setup
+    restarts = []
+    with pytest.raises(RuntimeError, match=r"(?s)rollout worker 0 died 3 times in a row.*Traceback.*tokenizer_from_json"):
+        R.run_rl(_cfg(steps=1, n_workers=1), copy.deepcopy(model), 'not a tokenizer', JOBS, R.toy_env_factory, tmp_path,
+                 on_event=lambda k, info, tr: restarts.append(info['worker']) if k == 'restart' else None)
+    assert restarts == [0, 0]
 
 
 def test_learning_rate_warmup(setup):
@@ -386,7 +409,10 @@ def test_coupled_sampling_follows_the_distribution_and_couples_nearby_policies()
         R.sample_coupled(logits.expand(3, -1), 1.0, 1.0, R.episode_generators([{'prompt_id': 'x', 'group_size': 2}], 0))
 
 
+@pytest.mark.numerics
 def test_episode_streams_do_not_depend_on_the_batch_and_pair_checkpoints(setup):
+    # Token ids (discrete) are compared exactly across batch shapes: a batch of 4 and of 1 give logits equal to fp32
+    # rounding, and a Gumbel-max pick changes only if two tokens tie within that rounding (probability ~1e-6 per step).
     tok, codec, model = setup
     m = copy.deepcopy(model).eval()
     rc = _rc(max_new_tokens=10, max_turns=2)
