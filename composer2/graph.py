@@ -30,7 +30,7 @@ MODULE_LAYERS = {
     'env_base': 'harness', 'env': 'harness', 'tools': 'harness', 'tasks_data': 'harness', 'tasks_grade': 'harness',
     'tasks_mutate': 'harness', 'tasks_gen': 'harness', 'tasks': 'harness', 'agents': 'harness', 'bench': 'harness',
     'curriculum_gen': 'harness', 'curriculum': 'harness', 'rewards': 'harness',
-    'rl': 'rl', 'screen': 'rl',
+    'rl_rollout': 'rl', 'rl_loss': 'rl', 'rl_transport': 'rl', 'rl_eval': 'rl', 'rl': 'rl', 'screen': 'rl',
     'stages': 'stages',
     'cli': 'cli', 'graph': 'cli',
 }
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
     ap.add_argument('--dvc-yaml', default=None)
     a = ap.parse_args(argv)
     diff = dvc_deps(a.dvc_yaml, write=not a.check)
-    for st, d in diff.items():
+    for st, d in (diff if a.check else {}).items():
         for f in d['missing']: print(f"{st}: missing code dependency {f}", file=sys.stderr)
         for f in d['extra']: print(f"{st}: lists {f}, which the stage cannot import or read", file=sys.stderr)
     if a.check and diff: print("error: dvc.yaml's code dependencies differ from the imports: run `composer2 dvc-deps`", file=sys.stderr); return 1
