@@ -170,7 +170,7 @@ def make_workspace(profile: str, dest, repo=None) -> Path:
     merged = deep_merge(read_yaml(repo / 'params.yaml'), read_yaml(prof))
     dest.mkdir(parents=True, exist_ok=True)
     (dest / 'params.yaml').write_text(f"# generated: params.yaml + profiles/{profile}.yaml\n" + yaml.safe_dump(merged, sort_keys=False))
-    for name in ['dvc.yaml', 'composer2', 'reports', 'kernels']:
+    for name in ['dvc.yaml', 'composer2', 'reports', 'kernels', 'programs']:
         src, dst = repo / name, dest / name
         if name == 'reports':  # the report notebook is shared; metrics stay per workspace
             dst.mkdir(exist_ok=True)
