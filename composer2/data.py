@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from .config import ConfigError, check
+from .io import sha256_text
 
 # %% auto #0
 __all__ = ['DEFAULT_RESERVED', 'SKIP_DIRS', 'DataConfig', 'Doc', 'stdlib_dir', 'iter_code', 'iter_prose', 'minhash', 'dedup',
@@ -120,7 +121,7 @@ def dedup(docs: list[Doc], threshold: float = 0.8, perms: int = 64, seed: int = 
     "Drop exact and near duplicates; returns the kept docs and counts of what was dropped."
     seen, kept, n_exact = {}, [], 0
     for d in docs:
-        key = hashlib.sha256(' '.join(d.text.split()).encode()).hexdigest()
+        key = sha256_text(' '.join(d.text.split()))
         if key in seen: n_exact += 1; continue
         seen[key] = True; kept.append(d)
     sig = minhash([d.text for d in kept], perms, seed)
@@ -141,8 +142,6 @@ def dedup(docs: list[Doc], threshold: float = 0.8, perms: int = 64, seed: int = 
     return out, {'exact_duplicates': n_exact, 'near_duplicates': len(drop)}
 
 # %% ../nbs/02_data.ipynb #c013
-def _sha(t: str) -> str: return hashlib.sha256(t.encode()).hexdigest()
-
 def exclusions_for(cfg: DataConfig, root: Path | None = None) -> dict:
     "The benchmark exclusion list: every stdlib file of a reserved module, and the whole stdlib `test/` tree."
     root = root or stdlib_dir()
@@ -150,7 +149,7 @@ def exclusions_for(cfg: DataConfig, root: Path | None = None) -> dict:
     for m in cfg.reserved_modules:
         cands = [root / f'{m}.py'] if (root / f'{m}.py').exists() else sorted((root / m).rglob('*.py')) if (root / m).is_dir() else []
         if not cands: raise ConfigError(f"data.reserved_modules: '{m}' is not a module of the standard library at {root}")
-        files += [{'path': str(p.relative_to(root)), 'sha256': _sha(p.read_text(encoding='utf-8'))} for p in cands]
+        files += [{'path': str(p.relative_to(root)), 'sha256': sha256_text(p.read_text(encoding='utf-8'))} for p in cands]
     return {'stdlib_dir': str(root), 'reserved_modules': list(cfg.reserved_modules), 'excluded_dirs': ['test'],
             'files': files}
 
