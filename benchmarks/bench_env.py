@@ -14,7 +14,7 @@ import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from composer2.env import Limits, Sandbox, SandboxPool, Episode, sandbox_support, overlay_available
+from composer2.env import Limits, Sandbox, SandboxPool, PoolJob, sandbox_support, overlay_available
 
 
 def timeit(fn, n):
@@ -109,7 +109,7 @@ def main():
         for N in ([1, 2, 4] if a.quick else [1, 2, 4, 8]):
             n_envs = 2 * N
             pool = SandboxPool(max_concurrency=N)
-            t = time.perf_counter(); r = pool.run(episode, [Episode(repo, i) for i in range(n_envs)]); t_sb = time.perf_counter() - t
+            t = time.perf_counter(); r = pool.run(episode, [PoolJob(repo, i) for i in range(n_envs)]); t_sb = time.perf_counter() - t
             assert all(x.ok for x in r) and not pool.failures, [x.error for x in r]
             t = time.perf_counter()
             with ThreadPoolExecutor(N) as ex: list(ex.map(plain, range(n_envs)))

@@ -5,14 +5,13 @@
 # %% ../nbs/34_bench.ipynb #c002
 from __future__ import annotations
 import json, statistics
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import check
 from .io import sha256_file
 from .tasks import Task, TaskError, load_tasks, sandbox_available
-from .agents import AGENTS, make_agent, run_episode
+from .agents import AGENTS, make_agent, run_agents
 
 # %% auto #0
 __all__ = ['pass_at_k', 'evaluate', 'summarize', 'load_frozen', 'BenchConfig']
@@ -28,20 +27,23 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 # %% ../nbs/34_bench.ipynb #c008
 def evaluate(tasks: list[Task], agent_name: str, samples: int = 1, max_turns: int = 30, workers: int = 2,
-             quality: bool = True, limits=None) -> list[dict]:
+             quality: bool = True, limits=None, batch: int = 16) -> list[dict]:
     "Episodes of one agent over the set: a list of per-episode summaries (no transcripts)."
-    def one(job):
-        t, s = job
-        agent = make_agent(agent_name, tasks)
-        try:
-            r = run_episode(t, agent, max_turns=max_turns, limits=limits, keep_transcript=False, quality=quality)
-        except Exception as e:   # a harness failure is recorded, never lost
-            return {'task_id': t.id, 'agent': agent_name, 'sample': s, 'resolved': False, 'reward': 0.0, 'error': f"{type(e).__name__}: {e}",
-                    'tool_calls': 0, 'tokens_generated': 0, 'tokens_context': 0, 'wall_time': 0.0, 'changed_lines': 0, 'ruff_introduced': 0}
-        d = r.summary(); d['sample'] = s; d['category'] = t.category
-        return d
     jobs = [(t, s) for t in tasks for s in range(samples)]
-    with ThreadPoolExecutor(max(1, workers)) as ex: return list(ex.map(one, jobs))
+    def failed(j, e):   # a harness failure is recorded, never lost
+        t, s = part[j]
+        return {'task_id': t.id, 'agent': agent_name, 'sample': s, 'resolved': False, 'reward': 0.0, 'error': f"{type(e).__name__}: {e}",
+                'tool_calls': 0, 'tokens_generated': 0, 'tokens_context': 0, 'wall_time': 0.0, 'changed_lines': 0, 'ruff_introduced': 0}
+    out = []
+    for b0 in range(0, len(jobs), batch):
+        part = jobs[b0:b0 + batch]
+        recs = run_agents([t for t, _ in part], [make_agent(agent_name, tasks) for _ in part], max_turns, limits,
+                          quality=quality, threads=max(1, workers), errors=failed)
+        for (t, s), r in zip(part, recs):
+            if isinstance(r, dict): out.append(r); continue
+            d = r.summary(); d['sample'] = s; d['category'] = t.category
+            out.append(d)
+    return out
 
 def summarize(episodes: list[dict], ks=(1,)) -> dict:
     "Per-task and overall figures of one agent's episodes."

@@ -4,116 +4,37 @@
 
 # %% ../nbs/40_curriculum.ipynb #c002
 from __future__ import annotations
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field
 from typing import Callable
 
-from .chat import END, EOS, Message, ToolCall, encode_chat, parse_assistant
+from .chat import Message, ToolCall, encode_chat
 from .config import check
-from .tasks import Task, TaskEnv, TaskError, grade_env, tree_files
-from .tools import defuse
+# the episode path (env, record, scheduler) lives in `composer2.episodes`; its names stay importable from here
+from .episodes import (SYSTEM_SHORT, AgentEnv, Episode, GeneratePolicy, ScriptedPolicy,  # noqa: F401
+                                initial_messages, run_episodes)
+from .tasks import Task, TaskError
 from .train import TrainConfig
 # the task generators live in `composer2.curriculum_gen`; their public names stay importable from here
 from .curriculum_gen import (CATEGORIES, CI_BREAKS, CI_SCRIPT, GENERATORS, HELDOUT_MOD, Fn,  # noqa: F401
                                       make_tasks, module_text, params_hash, split_of)
 
 # %% auto #0
-__all__ = ['SYSTEM_SHORT', 'initial_messages', 'Episode', 'AgentEnv', 'play', 'expert_calls', 'expert_episode', 'rollout',
-           'success_stats', 'AgentSFTConfig', 'expert_transcripts', 'encode_transcripts']
+__all__ = ['play', 'expert_calls', 'expert_episode', 'rollout', 'success_stats', 'AgentSFTConfig', 'expert_transcripts',
+           'encode_transcripts']
 
 # %% ../nbs/40_curriculum.ipynb #c006
-SYSTEM_SHORT = ("You are a coding agent in a small Python repository. Act only through tool calls, one per turn: "
-                "read_file(path), grep(pattern), shell(cmd), edit_file(path, old, new), create_file(path, content), "
-                "submit(message). Submit with a one-line summary when done.")
+class _Act:
+    "A scripted agent from an `act(messages) -> text` callable."
+    def __init__(self, act): self.act = act
+    def reset(self, task): pass
 
-def initial_messages(task: Task, system: str = SYSTEM_SHORT) -> list[Message]:
-    "The conversation an agent starts from: the short system prompt and the task's prompt."
-    return [Message('system', system), Message('user', task.prompt)]
-
-# %% ../nbs/40_curriculum.ipynb #c008
-@dataclass
-class Episode:
-    "A finished episode: transcript, raw assistant texts, repo before/after, grade."
-    task_id: str
-    category: str
-    level: str
-    messages: list[Message]
-    texts: list[str]
-    files_before: dict[str, str]
-    files_after: dict[str, str]
-    resolved: bool
-    submitted: bool
-    turns: int
-    tool_calls: int
-    tool_errors: int
-    grade: dict = field(default_factory=dict)
-    truncated: bool = False
-    gen_tokens: int = 0                                       # set by `rollout`
-    reward_parts: dict = field(default_factory=dict)          # set by `rollout`: `composer2.rewards.total_reward`
-    @property
-    def reward(self) -> float: return 1.0 if self.resolved else 0.0
-    def summary(self) -> dict:
-        d = asdict(self)
-        for k in ('messages', 'texts', 'files_before', 'files_after'): d.pop(k)
-        return d
-
-# %% ../nbs/40_curriculum.ipynb #c010
-class AgentEnv:
-    "One episode of `task` driven one assistant turn at a time (see above)."
-    def __init__(self, task: Task, backend: str = 'sandbox', limits=None, system: str = SYSTEM_SHORT, max_turns: int = 8,
-                 toolbox_kw: dict | None = None):
-        from composer2.tools import Toolbox
-        self.task, self.max_turns = task, max_turns
-        self.env = TaskEnv(task.files, backend, limits)
-        self.tb = Toolbox(self.env.sb, **(toolbox_kw or {}))
-        self.messages = initial_messages(task, system)
-        self.texts: list[str] = []
-        self.done = self.submitted = self.truncated = False
-        self.n_calls = self.n_err = 0
-    def reset(self) -> list[Message]: return list(self.messages)
-    def step(self, text: str) -> tuple[list[Message], bool]:
-        if self.done: raise RuntimeError(f"episode of {self.task.id} is over")
-        text = text.split(END, 1)[0]
-        self.texts.append(text)
-        p = parse_assistant(text)
-        # a model may emit reserved tokens (`<|user|>`...) inside its text: defuse them so the transcript still renders
-        new = [Message('assistant', defuse(p.content), p.calls, None if p.summary is None else defuse(p.summary))]
-        obs = self.tb.execute_text(text)
-        for o in obs:
-            self.n_calls += 1; self.n_err += not o.ok
-            new.append(Message('tool', o.text))
-        self.messages += new
-        self.submitted = self.submitted or any(o.submitted for o in obs)
-        self.done = self.submitted or not obs or len(self.texts) >= self.max_turns
-        return new, self.done
-    def stop(self, truncated: bool = True):
-        "End the episode early (e.g. the context is full)."
-        self.done, self.truncated = True, truncated
-    def finish(self, grade_timeout: float = 60, grade: bool = True) -> Episode:
-        "Grade the workspace (unless `grade=False`: then `resolved` is False and `grade` empty) and close it."
-        try:
-            after = tree_files(self.env.workspace)
-            g = asdict(grade_env(self.task, self.env, timeout=grade_timeout)) if grade else {}
-            return Episode(self.task.id, self.task.category, self.task.metadata.get('level', ''), self.messages, self.texts,
-                           dict(self.task.files), after, bool(g.get('resolved')), self.submitted, len(self.texts), self.n_calls,
-                           self.n_err, g, self.truncated)
-        finally: self.close()
-    def close(self): self.env.close()
-
-# %% ../nbs/40_curriculum.ipynb #c011
 def play(task: Task, act: Callable[[list[Message]], str], max_turns: int = 8, backend: str = 'sandbox', limits=None,
          system: str = SYSTEM_SHORT, grade: bool = True) -> Episode:
     "Run `act(messages) -> assistant text` on `task` until it submits, stops calling tools, or runs out of turns."
-    env = AgentEnv(task, backend, limits, system, max_turns)
-    try:
-        msgs = env.reset()
-        while not env.done:
-            try: text = act(msgs)
-            except Exception as e: text = f"(agent failed: {type(e).__name__}: {e})"
-            new, _ = env.step(text); msgs = msgs + new
-    except BaseException: env.close(); raise
-    return env.finish(grade=grade)
+    env = AgentEnv(task, backend, limits, system, max_turns, grade=grade)
+    return run_episodes([env], ScriptedPolicy([_Act(act)]), threads=1)[0]
 
-# %% ../nbs/40_curriculum.ipynb #c015
+# %% ../nbs/40_curriculum.ipynb #c010
 def expert_calls(task: Task) -> list[ToolCall]:
     "The tool calls that solve a curriculum task."
     plan = task.metadata.get('expert')
@@ -127,41 +48,27 @@ def expert_episode(task: Task, backend: str = 'sandbox', limits=None, system: st
     ep = play(task, lambda msgs: todo.pop(0), max_turns=len(todo), backend=backend, limits=limits, system=system, grade=grade)
     return (ep.messages, ep) if return_episode else ep.messages
 
-# %% ../nbs/40_curriculum.ipynb #c018
+# %% ../nbs/40_curriculum.ipynb #c013
 def rollout(model, tok, tasks: list[Task], temperature: float = 1.0, max_turns: int = 8, max_new_tokens: int = 192,
-            seed: int = 0, backend: str = 'sandbox', reward_cfg=None, batch_size: int = 32, max_len: int | None = None) -> list[Episode]:
+            seed: int = 0, backend: str = 'sandbox', reward_cfg=None, batch_size: int = 32, max_len: int | None = None,
+            threads: int = 4) -> list[Episode]:
     "Run `model` as an agent on `tasks` (batched generation per turn); graded episodes with rewards."
     import torch
-    from composer2.model import generate
     from composer2.rewards import RewardConfig, episode_reward
     reward_cfg = reward_cfg or RewardConfig()
-    end_id, eos_id, asst = tok.token_id(END), tok.token_id(EOS), tok.encode('<|assistant|>')
-    max_len = max_len or model.cfg.max_seq_len
     g = torch.Generator().manual_seed(seed)
     out: list[Episode] = []
     was = model.training; model.eval()
     try:
         for b0 in range(0, len(tasks), batch_size):
-            envs = [AgentEnv(t, backend, max_turns=max_turns) for t in tasks[b0:b0 + batch_size]]
-            ntok = [0] * len(envs)
+            envs = []
             try:
-                while True:
-                    live, prompts = [], []
-                    for i, e in enumerate(envs):
-                        if e.done: continue
-                        ids = encode_chat(tok, e.messages)[0] + asst
-                        if len(ids) + max_new_tokens > max_len: e.stop(); continue
-                        live.append(i); prompts.append(ids)
-                    if not live: break
-                    gen = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, generator=g,
-                                   stop_ids=(end_id, eos_id))
-                    for i, toks in zip(live, gen.tokens):
-                        ntok[i] += len(toks)
-                        envs[i].step(tok.decode([t for t in toks if t not in (end_id, eos_id)]))
-                for e, n in zip(envs, ntok):
-                    ep = e.finish(); ep.gen_tokens = n; ep.reward_parts = episode_reward(ep, n, reward_cfg); out.append(ep)
-            finally:
+                for t in tasks[b0:b0 + batch_size]: envs.append(AgentEnv(t, backend, max_turns=max_turns))
+            except BaseException:
                 for e in envs: e.close()
+                raise
+            for ep in run_episodes(envs, GeneratePolicy(model, tok, temperature, max_new_tokens, g, max_len), threads):
+                ep.reward_parts = episode_reward(ep, ep.tokens_generated, reward_cfg); out.append(ep)
     finally: model.train(was)
     return out
 
@@ -170,16 +77,16 @@ def success_stats(eps: list[Episode]) -> dict:
     n = len(eps)
     if n == 0: return {'n': 0}
     p = sum(e.resolved for e in eps) / n
-    rw = [getattr(e, 'reward_parts', {}).get('total', e.reward) for e in eps]
+    rw = [e.reward_parts.get('total', e.reward) for e in eps]
     mr = sum(rw) / n; sd = (sum((r - mr) ** 2 for r in rw) / max(1, n - 1)) ** 0.5
     by = lambda key: {k: round(sum(e.resolved for e in eps if getattr(e, key) == k) / max(1, sum(getattr(e, key) == k for e in eps)), 4)
                       for k in sorted({getattr(e, key) for e in eps})}
     return {'n': n, 'success_rate': p, 'stderr': (p * (1 - p) / n) ** 0.5, 'mean_reward': mr, 'reward_stderr': sd / n ** 0.5,
             'by_category': by('category'), 'by_level': by('level'), 'submitted': sum(e.submitted for e in eps) / n,
             'mean_turns': sum(e.turns for e in eps) / n, 'tool_error_rate': sum(e.tool_errors for e in eps) / max(1, sum(e.tool_calls for e in eps)),
-            'mean_gen_tokens': sum(getattr(e, 'gen_tokens', 0) for e in eps) / n}
+            'mean_gen_tokens': sum(e.tokens_generated for e in eps) / n}
 
-# %% ../nbs/40_curriculum.ipynb #c021
+# %% ../nbs/40_curriculum.ipynb #c016
 @dataclass
 class AgentSFTConfig:
     init: str = 'data/sft/ckpt'
@@ -211,7 +118,7 @@ class AgentSFTConfig:
               "agent_sft: workers, max_turns, max_new_tokens must be >= 1 and eval_samples >= 0")
         check(self.temperature > 0, f"agent_sft: temperature must be > 0 (greedy is eval_greedy), got {self.temperature}")
 
-# %% ../nbs/40_curriculum.ipynb #c022
+# %% ../nbs/40_curriculum.ipynb #c017
 def expert_transcripts(tasks: list[Task], backend: str = 'sandbox', workers: int = 4) -> list[list[Message]]:
     "The expert's transcripts of `tasks` (ungraded), built in `workers` threads."
     from concurrent.futures import ThreadPoolExecutor

@@ -17,7 +17,7 @@ from .env_base import (INNER_ROOT, DIFF_EXCLUDE, SANDBOX_UID, SandboxError, Sand
                                 _Capture, _base_env, _chain, _is_mount, _is_root, _mount_overlay, _support, _umount, _walk)
 
 # %% auto #0
-__all__ = ['LOWER_CACHE', 'Snapshot', 'cleanup_stale', 'Sandbox', 'Failure', 'EpisodeResult', 'Episode', 'SandboxPool']
+__all__ = ['LOWER_CACHE', 'Snapshot', 'cleanup_stale', 'Sandbox', 'Failure', 'PoolResult', 'PoolJob', 'SandboxPool']
 
 # %% ../nbs/30_env.ipynb #c006
 _counter = itertools.count()
@@ -420,7 +420,7 @@ class Failure:
     time: float = field(default_factory=time.time)
 
 @dataclass
-class EpisodeResult:
+class PoolResult:
     name: str
     value: Any = None
     error: str | None = None
@@ -431,8 +431,8 @@ class EpisodeResult:
     def ok(self) -> bool: return self.error is None
 
 @dataclass
-class Episode:
-    "One unit of work for the pool: a repository to sandbox and the item handed to the episode function."
+class PoolJob:
+    "One unit of work for the pool: a repository to sandbox and the item handed to the job function."
     repo_dir: Any
     item: Any = None
     name: str | None = None
@@ -450,8 +450,8 @@ class SandboxPool:
         self.live: set = set()   # sandboxes in use now (what a chaos test or a supervisor can kill)
     def _record(self, f: Failure):
         with self._lock: self.failures.append(f)
-    def _episode(self, fn, ep: Episode) -> EpisodeResult:
-        t0, res = time.monotonic(), EpisodeResult(ep.name)
+    def _job(self, fn, ep: PoolJob) -> PoolResult:
+        t0, res = time.monotonic(), PoolResult(ep.name)
         snap = None
         for attempt in range(1, self.retries + 2):
             res.attempts = attempt; sb = None
@@ -477,13 +477,13 @@ class SandboxPool:
                     sb.close()
         res.duration = time.monotonic() - t0
         return res
-    def run(self, fn: Callable, episodes: Iterable) -> list[EpisodeResult]:
-        "Run `fn(sandbox, item)` for every episode (an `Episode`, or a repo dir); results in input order."
-        eps = [e if isinstance(e, Episode) else Episode(e) for e in episodes]
+    def run(self, fn: Callable, jobs: Iterable) -> list[PoolResult]:
+        "Run `fn(sandbox, item)` for every job (a `PoolJob`, or a repo dir); results in input order."
+        eps = [e if isinstance(e, PoolJob) else PoolJob(e) for e in jobs]
         for i, e in enumerate(eps):
-            if e.name is None: e.name = f"episode-{i}"
+            if e.name is None: e.name = f"job-{i}"
         with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix='sandbox') as ex:
-            return list(ex.map(lambda e: self._episode(fn, e), eps))
-    def map(self, fn: Callable, repo_dir, items: Iterable) -> list[EpisodeResult]:
+            return list(ex.map(lambda e: self._job(fn, e), eps))
+    def map(self, fn: Callable, repo_dir, items: Iterable) -> list[PoolResult]:
         "`run` over one repository and many items."
-        return self.run(fn, [Episode(repo_dir, it) for it in items])
+        return self.run(fn, [PoolJob(repo_dir, it) for it in items])

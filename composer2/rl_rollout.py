@@ -5,7 +5,6 @@
 # %% ../nbs/44_rl_rollout.ipynb #c002
 from __future__ import annotations
 import hashlib, random, time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol
 
@@ -14,13 +13,14 @@ import torch
 
 from .chat import (Message, render, render_turn, END, EOS, ROLE_TOKENS, SUMMARY_OPEN, SUMMARY_CLOSE)
 from .config import check, from_dict
+from .episodes import AgentEnv, Policy, SYSTEM_SHORT, run_episodes
 from .model import Transformer, ModelConfig, KVCache, sample_next
 
 # %% auto #0
 __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv', 'toy_env_factory', 'HarnessEnv',
            'harness_env_factory', 'curriculum_system', 'reward_config', 'ChatCodec', 'ManualWeights', 'SharedWeights',
            'load_state_into', 'publishable_state', 'RolloutConfig', 'sample_coupled', 'episode_generators',
-           'rollout_batch', 'tiny_tokenizer', 'tiny_setup']
+           'TokenPolicy', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup']
 
 # %% ../nbs/44_rl_rollout.ipynb #c006
 NO_ROUTE = 255
@@ -93,12 +93,11 @@ def toy_env_factory(job: dict, sample: int) -> ToyEnv:
 
 # %% ../nbs/44_rl_rollout.ipynb #c011
 class HarnessEnv:
-    """One curriculum (or real harness) task in the sandbox through `composer2.curriculum.AgentEnv` (tools, hidden-test
+    """One curriculum (or real harness) task in the sandbox through `composer2.episodes.AgentEnv` (tools, hidden-test
     grading), with the shaped reward of `composer2.rewards` (task reward, concave length penalty, behaviour rewards)."""
     def __init__(self, task, system: str | None = None, backend: str = 'sandbox', max_turns: int = 8, reward_cfg=None):
         self.task, self.system, self.backend, self.max_turns, self.reward_cfg, self.env = task, system, backend, max_turns, reward_cfg, None
     def reset(self):
-        from composer2.curriculum import AgentEnv, SYSTEM_SHORT
         self.env = AgentEnv(self.task, self.backend, None, self.system or SYSTEM_SHORT, self.max_turns)
         return self.env.reset()
     def step(self, text):
@@ -126,7 +125,6 @@ def harness_env_factory(job: dict, sample: int, backend: str = 'sandbox', max_tu
 
 def curriculum_system() -> str:
     "The system prompt of the curriculum's agent episodes."
-    from composer2.curriculum import SYSTEM_SHORT
     return SYSTEM_SHORT
 
 def reward_config(d: dict):
@@ -271,7 +269,61 @@ def episode_generators(jobs: list[dict], seed: int) -> list[torch.Generator]:
     return out
 
 # %% ../nbs/44_rl_rollout.ipynb #c024
-@torch.no_grad()
+class TokenPolicy(Policy):
+    "The KV-cached, token-level rollout engine as a policy of `run_episodes` (see above)."
+    def __init__(self, model, codec: ChatCodec, cfg: RolloutConfig, weights=None, version: int = 0, generator=None,
+                 on_step: Callable | None = None):
+        self.model, self.codec, self.cfg, self.weights, self.version = model, codec, cfg, weights, version
+        self.generator, self.on_step, self.n_steps = generator, on_step, 0
+    def start(self, envs, observations):
+        mc, cfg = self.model.cfg, self.cfg
+        self.rows = [_Row(e, self.codec.prompt(m), mc.n_moe_layers, mc.top_k) for e, m in zip(envs, observations)]
+        for r in self.rows:
+            if len(r.prefix) + cfg.max_new_tokens + cfg.summary_max_tokens + 8 > cfg.context_budget:
+                raise ValueError(f"the prompt ({len(r.prefix)} tokens) leaves no room in context_budget {cfg.context_budget}")
+        self.cap = cfg.context_budget + 64
+        self.cache = KVCache.for_model(self.model, len(self.rows), self.cap, next(self.model.parameters()).dtype)
+        self.live = list(range(len(self.rows)))          # cache slot j holds row live[j]
+    @torch.no_grad()
+    def advance(self, live):
+        cfg, codec, rows, k = self.cfg, self.codec, self.rows, self.model.cfg.top_k
+        if len(live) < len(self.live):
+            still = set(live)
+            self.cache.select([j for j, i in enumerate(self.live) if i in still]); self.live = list(live)
+        if self.weights is not None and cfg.sync_every and self.n_steps % cfg.sync_every == 0:
+            got = self.weights.poll(self.version)
+            if got is not None: self.version, state = got; load_state_into(self.model, state)
+        live = self.live
+        feeds = [rows[i].pending for i in live]
+        ids = torch.zeros(len(live), max(len(f) for f in feeds), dtype=torch.long)
+        for j, f in enumerate(feeds): ids[j, :len(f)] = torch.tensor(f)
+        lens = torch.tensor([len(f) for f in feeds])
+        out = self.model(ids, cache=self.cache, input_lens=lens, return_routes=True)
+        rts = out.routes.to(torch.uint8).numpy() if out.routes is not None else np.zeros((0, len(live), ids.shape[1], k), np.uint8)
+        last = out.logits[torch.arange(len(live)), lens - 1]
+        if isinstance(self.generator, list): tok, lp = sample_coupled(last, cfg.temperature, cfg.top_p, [self.generator[i] for i in live])
+        else: tok, lp = _sample_row(last, cfg, self.generator)
+        ended = []
+        for j, i in enumerate(live):
+            r = rows[i]
+            for t in range(int(lens[j])): r.routes.append(rts[:, j, t])
+            t_id = int(tok[j]); r.add_gen(t_id, float(lp[j]), self.version); r.pending = [t_id]
+            stop = t_id in (codec.end, codec.eos) or (r.phase == 'summary' and t_id == codec.sum_close)
+            limit = cfg.summary_max_tokens if r.phase == 'summary' else cfg.max_new_tokens
+            if stop or len(r.turn_ids) >= limit or len(r.ids) + 2 >= self.cap: ended.append((j, i))
+        self.n_steps += 1
+        if self.on_step is not None: self.on_step(self.n_steps, self.version, rows)
+        acts = [(i, codec.decode(rows[i].turn_ids)) for j, i in ended if rows[i].phase == 'act']
+        for j, i in ended:
+            if rows[i].phase == 'summary': _end_summary(rows[i], j, codec, self.cache)
+        return acts
+    def observe(self, i, new, done):
+        _after_step(self.rows[i], new, done, self.codec, self.cfg)
+        return self.rows[i].done
+    def finish(self, i, env):
+        r = self.rows[i]
+        return env.finish({'gen_tokens': sum(s.n_gen for s in r.segments), 'turns': r.turns})
+
 def rollout_batch(model, codec: ChatCodec, envs: list, cfg: RolloutConfig, weights=None, version: int = 0,
                   generator: torch.Generator | list[torch.Generator] | None = None,
                   on_step: Callable | None = None) -> tuple[list[dict], int]:
@@ -280,93 +332,42 @@ def rollout_batch(model, codec: ChatCodec, envs: list, cfg: RolloutConfig, weigh
     `generator`: one stream shared by the batch, or a list with one stream per env (`sample_coupled`)."""
     if isinstance(generator, list) and len(generator) != len(envs):
         raise ValueError(f'rollout_batch: {len(generator)} generators for {len(envs)} episodes (one per episode, or one shared)')
-    mc = model.cfg
-    L, k = mc.n_moe_layers, mc.top_k
-    pool = ThreadPoolExecutor(max(1, min(cfg.env_threads, len(envs))))
-    try:
-        starts = list(pool.map(lambda e: e.reset(), envs))
-        rows = [_Row(e, codec.prompt(m), L, k) for e, m in zip(envs, starts)]
-        for r in rows:
-            if len(r.prefix) + cfg.max_new_tokens + cfg.summary_max_tokens + 8 > cfg.context_budget:
-                raise ValueError(f"the prompt ({len(r.prefix)} tokens) leaves no room in context_budget {cfg.context_budget}")
-        cap = cfg.context_budget + 64
-        cache = KVCache.for_model(model, len(rows), cap, next(model.parameters()).dtype)
-        live = list(range(len(rows)))          # cache slot i holds row live[i]
-        step = 0
-        while live:
-            if weights is not None and cfg.sync_every and step % cfg.sync_every == 0:
-                got = weights.poll(version)
-                if got is not None:
-                    version, state = got; load_state_into(model, state)
-            feeds = [rows[i].pending for i in live]
-            T = max(len(f) for f in feeds)
-            ids = torch.zeros(len(live), T, dtype=torch.long)
-            for j, f in enumerate(feeds): ids[j, :len(f)] = torch.tensor(f)
-            lens = torch.tensor([len(f) for f in feeds])
-            out = model(ids, cache=cache, input_lens=lens, return_routes=True)
-            rts = out.routes.to(torch.uint8).numpy() if out.routes is not None else np.zeros((0, len(live), T, k), np.uint8)
-            last = out.logits[torch.arange(len(live)), lens - 1]
-            if isinstance(generator, list): tok, lp = sample_coupled(last, cfg.temperature, cfg.top_p, [generator[i] for i in live])
-            else: tok, lp = _sample_row(last, cfg, generator)
-            ended = []
-            for j, i in enumerate(live):
-                r = rows[i]
-                for t in range(int(lens[j])): r.routes.append(rts[:, j, t])
-                t_id, t_lp = int(tok[j]), float(lp[j])
-                r.add_gen(t_id, t_lp, version); r.pending = [t_id]
-                stop = t_id in (codec.end, codec.eos) or (r.phase == 'summary' and t_id == codec.sum_close)
-                limit = cfg.summary_max_tokens if r.phase == 'summary' else cfg.max_new_tokens
-                if stop or len(r.turn_ids) >= limit or len(r.ids) + 2 >= cap: ended.append(i)
-            step += 1
-            if on_step is not None: on_step(step, version, rows)
-            if ended: _end_turns([(live.index(i), rows[i]) for i in ended], codec, cfg, pool, cache)
-            keep = [j for j, i in enumerate(live) if not rows[i].done]
-            if len(keep) < len(live):
-                cache.select(keep); live = [live[j] for j in keep]
-        infos = [{'gen_tokens': sum(s.n_gen for s in r.segments), 'turns': r.turns} for r in rows]
-        comps = list(pool.map(lambda a: a[0].env.finish(a[1]), zip(rows, infos)))
-        return [{'segments': r.segments, 'components': c, 'turns': r.turns, 'n_summaries': r.summaries,
-                 'summaries': r.summary_texts} for r, c in zip(rows, comps)], version
-    finally:
-        for e in envs:
-            try: e.close()
-            except Exception: pass
-        pool.shutdown(wait=False)
+    pol = TokenPolicy(model, codec, cfg, weights, version, generator, on_step)
+    comps = run_episodes(envs, pol, cfg.env_threads)
+    return [{'segments': r.segments, 'components': c, 'turns': r.turns, 'n_summaries': r.summaries,
+             'summaries': r.summary_texts} for r, c in zip(pol.rows, comps)], pol.version
 
 # %% ../nbs/44_rl_rollout.ipynb #c025
 def _fit_obs(obs: list[int], limit: int) -> list[int]:
     "Keep an observation's head and its closing tokens when it is longer than `limit` tokens."
     return obs if len(obs) <= limit else obs[:limit - 4] + obs[-4:]
 
-def _end_turns(items, codec, cfg, pool, cache):
-    act = [(s, r) for s, r in items if r.phase == 'act']
-    summ = [(s, r) for s, r in items if r.phase == 'summary']
-    texts = [codec.decode(r.turn_ids) for _, r in act]
-    results = list(pool.map(lambda a: a[0][1].env.step(a[1]), zip(act, texts)))
-    for (s, r), (msgs, done) in zip(act, results):
-        r.turns += 1
-        closed = r.turn_ids[-1] in (codec.end, codec.eos)
-        r.turn_ids = []
-        if done or r.turns >= cfg.max_turns:
-            r.done = True; r.close_segment(); continue
-        head = [] if closed else [codec.end]              # a turn cut at max_new_tokens is closed for the model
-        obs = head + _fit_obs(codec.observation(msgs), cfg.context_budget // 2)
-        if len(r.ids) + len(obs) + cfg.max_new_tokens > cfg.summary_trigger * cfg.context_budget:
-            if len(r.segments) + 1 >= cfg.max_segments:      # no summaries left: the trajectory ends here
-                r.done = True; r.close_segment(); continue
-            req = head + _fit_obs(codec.summary_request(msgs), cfg.context_budget // 2)
-            r.add_prompt(req); r.pending = r.pending + req; r.phase = 'summary'
-        else:
-            r.add_prompt(obs); r.pending = r.pending + obs
-    for s, r in summ:
-        # the summary turn ended: close the segment, cut the cache row back to the prefix, start the next segment
-        text_ids = [t for t in r.turn_ids if t not in (codec.end, codec.eos, codec.sum_close, codec.sum_open)]
-        r.summary_texts.append(codec.decode(text_ids)); r.summaries += 1; r.turn_ids = []
-        r.close_segment()
-        prefix_routes = r.segments[-1].routes[:, :len(r.prefix)]
-        lengths = cache.lengths.clone(); lengths[s] = len(r.prefix); cache.truncate(lengths)
-        ctx = codec.summary_context(text_ids)
-        r._new_segment(r.prefix, prefix_routes); r.add_prompt(ctx); r.pending = ctx; r.phase = 'act'
+def _after_step(r, msgs, done, codec, cfg):
+    "The environment answered row `r`'s act turn: append the observation, or ask for a summary, or end the trajectory."
+    r.turns += 1
+    closed = r.turn_ids[-1] in (codec.end, codec.eos)
+    r.turn_ids = []
+    if done or r.turns >= cfg.max_turns:
+        r.done = True; r.close_segment(); return
+    head = [] if closed else [codec.end]              # a turn cut at max_new_tokens is closed for the model
+    obs = head + _fit_obs(codec.observation(msgs), cfg.context_budget // 2)
+    if len(r.ids) + len(obs) + cfg.max_new_tokens > cfg.summary_trigger * cfg.context_budget:
+        if len(r.segments) + 1 >= cfg.max_segments:      # no summaries left: the trajectory ends here
+            r.done = True; r.close_segment(); return
+        req = head + _fit_obs(codec.summary_request(msgs), cfg.context_budget // 2)
+        r.add_prompt(req); r.pending = r.pending + req; r.phase = 'summary'
+    else:
+        r.add_prompt(obs); r.pending = r.pending + obs
+
+def _end_summary(r, s, codec, cache):
+    "Row `r` (cache slot `s`) ended its summary turn: close the segment, cut the cache row back to the prefix, go on."
+    text_ids = [t for t in r.turn_ids if t not in (codec.end, codec.eos, codec.sum_close, codec.sum_open)]
+    r.summary_texts.append(codec.decode(text_ids)); r.summaries += 1; r.turn_ids = []
+    r.close_segment()
+    prefix_routes = r.segments[-1].routes[:, :len(r.prefix)]
+    lengths = cache.lengths.clone(); lengths[s] = len(r.prefix); cache.truncate(lengths)
+    ctx = codec.summary_context(text_ids)
+    r._new_segment(r.prefix, prefix_routes); r.add_prompt(ctx); r.pending = ctx; r.phase = 'act'
 
 # %% ../nbs/44_rl_rollout.ipynb #c027
 def tiny_tokenizer(vocab_size: int = 320):

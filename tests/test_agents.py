@@ -35,7 +35,7 @@ def test_oracle_null_heuristic_on_toy(task):
     assert not n.resolved and n.reward == 0.0 and n.tool_calls == 1 and n.changed_lines == 0
     assert h.resolved and h.tool_calls >= 3
     assert o.tokens_generated > 0 and o.tokens_context > o.tokens_generated and o.wall_time > 0
-    roles = [m.role for m in o.transcript]
+    roles = [m.role for m in o.messages]
     assert roles[:2] == ['system', 'user'] and roles[2:4] == ['assistant', 'tool']
 
 @needs_sandbox

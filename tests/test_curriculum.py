@@ -207,3 +207,50 @@ def test_agent_sft_stage_names_a_missing_input(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'params.yaml').write_text('agent_sft:\n  tokenizer: data/no_tokenizer\n')
     with pytest.raises(FileNotFoundError, match='data/no_tokenizer'): run()
+
+
+# ---------------------------------------------------------------- the one episode scheduler (composer2.episodes)
+
+def test_run_episodes_steps_envs_concurrently_and_in_order():
+    import threading, time
+    from composer2.chat import Message
+    from composer2.episodes import Policy, run_episodes
+    active, peak, lock = [0], [0], threading.Lock()
+    class Slow:
+        def __init__(self, turns): self.turns, self.n, self.closed = turns, 0, False
+        def reset(self): return [Message('user', 'go')]
+        def step(self, text):
+            with lock: active[0] += 1; peak[0] = max(peak[0], active[0])
+            time.sleep(0.2)
+            with lock: active[0] -= 1
+            self.n += 1
+            return [Message('tool', text)], self.n >= self.turns
+        def finish(self): return self.n
+        def close(self): self.closed = True
+    class Say(Policy):
+        def advance(self, live): return [(i, f'turn {self.envs[i].n}') for i in live]
+    envs = [Slow(t) for t in (2, 1, 3)]
+    assert run_episodes(envs, Say(), threads=3) == [2, 1, 3]
+    assert peak[0] == 3 and all(e.closed for e in envs)
+
+
+@needs_sandbox
+def test_a_policy_ended_episode_is_finished_as_truncated():
+    from composer2.episodes import Policy, run_episodes
+    t = make_tasks(2, seed=0)
+    class StopSecond(Policy):
+        def advance(self, live):
+            out = []
+            for i in live:
+                if i == 1: self.envs[i].stop(); out.append((i, None))
+                else: out.append((i, ToolCall('submit', {'message': 'x'}).render()))
+            return out
+    a, b = run_episodes([AgentEnv(t[0]), AgentEnv(t[1])], StopSecond())
+    assert a.submitted and a.turns == 1 and not a.truncated
+    assert b.truncated and b.turns == 0 and not b.resolved and b.grade['f2p_total'] == len(t[1].fail_to_pass)
+
+
+def test_episode_names_stay_importable_from_curriculum():
+    import composer2.episodes as E
+    for name in ('SYSTEM_SHORT', 'AgentEnv', 'Episode', 'initial_messages'):
+        assert getattr(composer2.curriculum, name) is getattr(E, name)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from composer2.config import ConfigError
-from composer2.env import (Limits, RunResult, Sandbox, SandboxDied, SandboxError, SandboxPool, Episode, Snapshot,
+from composer2.env import (Limits, RunResult, Sandbox, SandboxDied, SandboxError, SandboxPool, PoolJob, Snapshot,
                            WorkspacePathError, bwrap_available, sandbox_support, overlay_available, confine,
                            tree_hash, tree_diff, diff_stats, truncate_middle, base_dir, INNER_ROOT)
 
@@ -396,7 +396,7 @@ def test_pool_fails_over_a_killed_sandbox_and_completes(repo):
         s.run(f'echo {item}:2 >> step.txt')
         return s.read_file('step.txt')
     t0 = time.monotonic()
-    res = pool.run(episode, [Episode(repo, i, name=f'ep{i}') for i in range(3)])
+    res = pool.run(episode, [PoolJob(repo, i, name=f'ep{i}') for i in range(3)])
     assert time.monotonic() - t0 < 20
     assert [r.value for r in res] == [f'{i}:1\n{i}:2\n' for i in range(3)], res
     assert all(r.ok and r.attempts == 2 for r in res)
@@ -410,8 +410,8 @@ def test_pool_records_errors_and_gives_up_after_retries(repo):
     calls = []
     def always_dies(s, item): calls.append(item); s.kill(); s.run('true')
     def buggy(s, item): calls.append(item); raise KeyError('bug in the episode')
-    r1, = pool.run(always_dies, [Episode(repo, 'd')])
-    r2, = pool.run(buggy, [Episode(repo, 'b')])
+    r1, = pool.run(always_dies, [PoolJob(repo, 'd')])
+    r2, = pool.run(buggy, [PoolJob(repo, 'b')])
     assert not r1.ok and r1.attempts == 2 and 'SandboxDied' in r1.error and calls.count('d') == 2
     assert not r2.ok and r2.attempts == 1 and 'KeyError' in r2.error and calls.count('b') == 1
     assert [f.kind for f in pool.failures] == ['SandboxDied', 'SandboxDied', 'KeyError']
