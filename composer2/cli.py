@@ -58,9 +58,9 @@ def main(argv=None):
     c.add_argument('--against', default='agent_sft', help='the cached model to pair with'); c.add_argument('--params', default='params.yaml')
     sub.add_parser('dvc-deps', add_help=False, help="derive each stage's code dependencies into dvc.yaml (--check: only compare)")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ['dvc-deps']: return load_entry(COMMANDS['dvc-deps'], 'dvc-deps')(argv[1:])
-    a = ap.parse_args(argv)
     try:
+        if argv[:1] == ['dvc-deps']: return load_entry(COMMANDS['dvc-deps'], 'dvc-deps')(argv[1:])
+        a = ap.parse_args(argv)
         if a.cmd == 'workspace': print(make_workspace(a.profile, a.dest)); return 0
         if a.cmd == 'screen':
             screen = load_entry(COMMANDS['screen'], 'screen')
