@@ -4,7 +4,8 @@
 
 # %% ../../nbs/8_stages/07_lowp.ipynb #c003
 from __future__ import annotations
-import json, time
+import json, multiprocessing, time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ class LowpStageConfig(PretrainConfig):
     quant: LowpConfig = field(default_factory=LowpConfig)
     reuse_high: str = ''            # checkpoint whose history is the `high` arm (same budget only), '' = train it
     final_window: int = 20
+    workers: int = 2                # processes training the arms side by side (1: one after the other)
     def __post_init__(self):
         super().__post_init__()
         check(bool(self.init), "lowp.init must name the checkpoint both arms start from")
@@ -35,6 +37,7 @@ class LowpStageConfig(PretrainConfig):
         check(len(self.arms) >= 1 and all(a in PRECISIONS for a in self.arms) and len(set(self.arms)) == len(self.arms),
               f"lowp.arms must be distinct entries of {list(PRECISIONS)}, got {self.arms}")
         check(self.final_window >= 1, f"lowp.final_window must be >= 1, got {self.final_window}")
+        check(self.workers >= 1, f"lowp.workers must be >= 1, got {self.workers}")
 
 # %% ../../nbs/8_stages/07_lowp.ipynb #c009
 def _reused_history(cfg: LowpStageConfig) -> dict:
@@ -61,26 +64,37 @@ def _arm_metrics(hist: dict, window: int) -> dict:
             **({'reused_from': hist['reused_from']} if 'reused_from' in hist else {})}
 
 # %% ../../nbs/8_stages/07_lowp.ipynb #c012
-def run_lowp(cfg: LowpStageConfig, live_root) -> dict:
-    "Train each arm from `cfg.init` on the same batches; write per-arm checkpoints and curves; return the comparison."
+def _train_arm(cfg: LowpStageConfig, arm: str, live_root) -> dict:
+    "Train arm `arm` from `cfg.init` (in its own process when the arms run side by side) and return its metrics."
     stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
     L, out = cfg.train.seq_len, Path(cfg.out_dir)
-    write_resolved(out, lowp=cfg)
     ev = lambda m: {'val_ppl': perplexity(m, val, L, cfg.train.eval_windows), 'heldout_ppl': perplexity(m, held, L, cfg.train.eval_windows)}
-    arms = {}
-    for arm in cfg.arms:
-        if arm == 'high' and cfg.reuse_high:
-            arms[arm] = _arm_metrics(_reused_history(cfg), cfg.final_window); continue
-        model, _ = load_model(cfg.init, precision=arm)
-        if L > model.cfg.max_seq_len: raise ConfigError(f"lowp.train.seq_len ({L}) exceeds the model context ({model.cfg.max_seq_len})")
-        with lowp_config(**asdict(cfg.quant)):
-            hist = train(model, cfg.train, WindowSampler(stream, L, cfg.train.batch_size, cfg.train.seed), out / arm,
-                         stage=f'lowp_{arm}', eval_fn=ev, live_dir=f'{live_root}/{arm}',
-                         meta={'init': cfg.init, 'lowp': asdict(cfg.quant)})
-            arms[arm] = _arm_metrics(hist, cfg.final_window)
-        if arm != 'high':                                   # the same weights served in high precision
-            hp, _ = load_model(out / arm / 'ckpt', precision='high')
-            arms[arm]['heldout_ppl_high_fwd'] = perplexity(hp, held, L, cfg.train.eval_windows)
+    model, _ = load_model(cfg.init, precision=arm)
+    if L > model.cfg.max_seq_len: raise ConfigError(f"lowp.train.seq_len ({L}) exceeds the model context ({model.cfg.max_seq_len})")
+    with lowp_config(**asdict(cfg.quant)):
+        hist = train(model, cfg.train, WindowSampler(stream, L, cfg.train.batch_size, cfg.train.seed), out / arm,
+                     stage=f'lowp_{arm}', eval_fn=ev, live_dir=f'{live_root}/{arm}',
+                     meta={'init': cfg.init, 'lowp': asdict(cfg.quant)})
+        res = _arm_metrics(hist, cfg.final_window)
+    if arm != 'high':                                   # the same weights served in high precision
+        hp, _ = load_model(out / arm / 'ckpt', precision='high')
+        res['heldout_ppl_high_fwd'] = perplexity(hp, held, L, cfg.train.eval_windows)
+    return res
+
+def run_lowp(cfg: LowpStageConfig, live_root) -> dict:
+    "Train each arm from `cfg.init` on the same batches; write per-arm checkpoints and curves; return the comparison."
+    for p in (cfg.data, cfg.val, cfg.heldout, Path(cfg.init) / 'meta.json'):
+        if not Path(p).exists(): raise ConfigError(f"lowp: input {p} does not exist (run the stages before lowp)")
+    L, out = cfg.train.seq_len, Path(cfg.out_dir)
+    write_resolved(out, lowp=cfg)
+    todo = [a for a in cfg.arms if not (a == 'high' and cfg.reuse_high)]
+    if cfg.workers > 1 and len(todo) > 1:               # spawn: a fresh interpreter per arm, nothing inherited
+        with ProcessPoolExecutor(min(cfg.workers, len(todo)), mp_context=multiprocessing.get_context('spawn')) as ex:
+            futs = {a: ex.submit(_train_arm, cfg, a, str(live_root)) for a in todo}
+            trained = {a: f.result() for a, f in futs.items()}
+    else:
+        trained = {a: _train_arm(cfg, a, live_root) for a in todo}
+    arms = {a: trained[a] if a in trained else _arm_metrics(_reused_history(cfg), cfg.final_window) for a in cfg.arms}
     res = {'steps': cfg.train.steps, 'seq_len': L, 'batch_size': cfg.train.batch_size, 'init': cfg.init,
            'data': cfg.data, 'quant': asdict(cfg.quant), 'arms': arms}
     if len(cfg.arms) > 1:
