@@ -1,7 +1,11 @@
-"""Quantizer throughput against memory copy, measured in the same run, and (on a GPU) the grouped expert GEMM against
+"""The low-precision training step against the high-precision one, quantizer throughput against memory copy,
+measured in the same run, and (on a GPU) the grouped expert GEMM against
 torch bf16 matmul. `python benchmarks/bench_lowp.py [--size MiB]`.
 
-CPU: composer2.quant's reference quantizers (NVFP4 row/tensor/16x16, MXFP8 E4M3/E5M2, with and without stochastic
+Step: one training step (forward, backward, AdamW) of params.yaml's `model:` at batch 16x128, precision
+'nvfp4_mxfp8' (with params.yaml's lowp.quant switches) against precision 'high', on lowp.train.threads threads:
+`RATIO lowp/high step time` (goal <= 2x).
+CPU: composer2.quant's reference quantizers and the fused numba ones (fast_fake_quant_*) (NVFP4 row/tensor/16x16, MXFP8 E4M3/E5M2, with and without stochastic
 rounding) in GB/s of fp32 input read, as a fraction of `dst.copy_(src)` of the same tensor (read + write of the fp32
 input: the bandwidth a fused one-pass quantizer could at best reach). The reference is a chain of torch elementwise
 ops, so expect a small fraction; the CUDA kernels are the fused path.
@@ -19,8 +23,34 @@ from composer2 import quant as Q
 ap = argparse.ArgumentParser()
 ap.add_argument('--size', type=float, default=16.0, help='fp32 input size in MiB (CPU)')
 ap.add_argument('--threads', type=int, default=2)
+ap.add_argument('--steps', type=int, default=3, help='timed training steps per precision (best of)')
 args = ap.parse_args()
-torch.set_num_threads(args.threads); torch.manual_seed(0)
+torch.manual_seed(0)
+
+import yaml
+import torch.nn.functional as F
+from composer2.lowp import lowp_config
+from composer2.model import ModelConfig, Transformer
+P = yaml.safe_load(open(__file__.rsplit('/', 2)[0] + '/params.yaml'))
+torch.set_num_threads(P['lowp']['train']['threads'])
+ids = torch.randint(0, P['model']['vocab_size'], (16, 129), generator=torch.Generator().manual_seed(0))
+
+def step_time(prec):
+    torch.manual_seed(0)
+    m = Transformer(ModelConfig(**{**P['model'], 'precision': prec})); opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    def step():
+        out = m(ids[:, :-1])
+        loss = F.cross_entropy(out.logits.flatten(0, 1), ids[:, 1:].flatten()) + 0.01 * out.aux_loss
+        opt.zero_grad(); loss.backward(); opt.step()
+    return best_time(step, repeat=args.steps)
+
+with lowp_config(**P['lowp']['quant']):
+    t_hi, t_lo = step_time('high'), step_time('nvfp4_mxfp8')
+    t_hi = min(t_hi, step_time('high'))                       # interleaved: noise on a shared machine hits both arms
+print(f"training step, model {P['model']['d_model']}d x {P['model']['n_layers']} layers, batch 16x128, "
+      f"{torch.get_num_threads()} thread(s): high {t_hi * 1e3:.0f} ms, nvfp4_mxfp8 {t_lo * 1e3:.0f} ms")
+print(f"RATIO lowp/high step time = {t_lo / t_hi:.2f}x (goal <= 2x)")
+torch.set_num_threads(args.threads)
 
 K = 4096
 R = max(1, int(args.size * 2 ** 20 / 4 / K))
@@ -39,10 +69,16 @@ cases = {
     'mxfp8 e5m2 rceil': lambda: Q.quantize_mxfp8(x, 'e5m2', 'rceil'),
     'mxfp8 e4m3 rceil + SR': lambda: Q.quantize_mxfp8(x, 'e4m3', 'rceil', sr=True),
     'random Hadamard (16)': lambda: Q.rht(x, -1),
+    'fused nvfp4 row (fake)': lambda: Q.fast_fake_quant_nvfp4(x, 'row'),
+    'fused nvfp4 tensor 16x16': lambda: Q.fast_fake_quant_nvfp4(x, 'tensor', block2d=True),
+    'fused mxfp8 e4m3 rceil': lambda: Q.fast_fake_quant_mxfp8(x, 'e4m3', 'rceil'),
+    'fused mxfp8 e4m3 rc + SR': lambda: Q.fast_fake_quant_mxfp8(x, 'e4m3', 'rceil', sr=True),
+    'torch.rand (SR uniforms)': lambda: torch.rand(x.shape),
 }
 for name, fn in cases.items():
     t = best_time(fn, repeat=3)
-    print(f"  {name:24s} {nbytes / t / 1e9:7.3f} GB/s = {t_copy / t:6.3f} x memcpy")
+    print(f"  {name:26s} {nbytes / t / 1e9:7.3f} GB/s = {t_copy / t:6.3f} x memcpy")
+    if name.startswith('fused'): print(f"RATIO {name.replace(' ', '_')} / memcpy = {t_copy / t:.3f}x")
 
 from composer2 import kernels as KN
 if not KN.cuda_available():

@@ -58,15 +58,21 @@ def lowp_config(**kw):
     finally: set_lowp_config(old)
 
 # %% ../nbs/1_numerics/02_lowp.ipynb #c009
+def _fast(x, cfg):
+    "CPU tensors with `cfg.kernels` take the fused numba quantizers of `composer2.quant` (bit-identical to the reference)."
+    return cfg.kernels and x.device.type == 'cpu'
+
 def _fq4(x, scale, block2d, cfg):
     if cfg.kernels and x.is_cuda:
         return nvfp4_fake_quant(x, scale=scale, block2d=block2d)
+    if _fast(x, cfg): return Q.fast_fake_quant_nvfp4(x, scale=scale, block2d=block2d)
     return Q.fake_quant_nvfp4(x, scale=scale, block2d=block2d)
 
 def _fq8(x, elem, cfg, sr=False):
     "MXFP8 fake quantisation along the last dim (x must be 2-D, reduction dim last)."
     if cfg.kernels and x.is_cuda:
         return mxfp8_fake_quant(x, elem=elem, rule=cfg.rule, sr=sr)
+    if _fast(x, cfg): return Q.fast_fake_quant_mxfp8(x, elem=elem, rule=cfg.rule, sr=sr)
     return Q.fake_quant_mxfp8(x, elem=elem, rule=cfg.rule, sr=sr)
 
 def _fwd_operands(x2, w, cfg):
@@ -142,12 +148,22 @@ def grad_errors(x, w, cfg: Optional[LowpConfig] = None, seed: int = 0) -> dict:
     return {'dx': rel(xl.grad, xs.grad), 'dw': rel(wl.grad, ws.grad)}
 
 # %% ../nbs/1_numerics/02_lowp.ipynb #c018
+def _offs(c, device):
+    "int32 cumulative counts: the group ends `F.grouped_mm` takes."
+    return torch.tensor(c, dtype=torch.int64).cumsum(0).to(device=device, dtype=torch.int32)
+
+def _gmm(a, b, c):
+    "Rows of expert e: a[seg_e] @ b[e] (b [E, in, out]); `F.grouped_mm` runs one matmul per group, like the loop."
+    return torch.nn.functional.grouped_mm(a, b, offs=_offs(c, a.device))
+
 class LowpGroupedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, c, cfg):
         N, O = x.shape[0], w.shape[1]
         y = x.new_zeros(N, O, dtype=torch.float32)
-        if N:
+        if N and _fast(x, cfg):                                   # every expert's weight quantised in one call
+            y = _gmm(_fq4(x, 'row', False, cfg), Q.fast_fake_quant_nvfp4(w, 'tensor', True, per_matrix=True).transpose(1, 2), c)
+        elif N:
             xq = _fq4(x, 'row', False, cfg)
             for e, o, n in expert_segments(c):
                 if n: y[o:o + n] = xq[o:o + n] @ _fq4(w[e], 'tensor', True, cfg).t()
@@ -163,8 +179,12 @@ class LowpGroupedFn(torch.autograd.Function):
             dx = x.new_zeros(x.shape, dtype=torch.float32)
             if g.shape[0]:
                 gq = _fq8(g, cfg.grad_elem, cfg, sr=cfg.sr)          # per-row blocks: independent of the grouping
-                for e, o, n in expert_segments(c):
-                    if n: dx[o:o + n] = _dgrad(gq[o:o + n], w[e], cfg)
+                if _fast(g, cfg):
+                    wq = _fq8(w.float().transpose(1, 2).contiguous(), cfg.operand_elem, cfg)   # [E, in, out]
+                    dx = _gmm(gq, wq.transpose(1, 2), c)
+                else:
+                    for e, o, n in expert_segments(c):
+                        if n: dx[o:o + n] = _dgrad(gq[o:o + n], w[e], cfg)
             dx = dx.to(x.dtype)
         if ctx.needs_input_grad[1]:
             dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)

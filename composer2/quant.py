@@ -15,7 +15,7 @@ __all__ = ['FP32_MAX', 'E2M1_MAX', 'E4M3_MAX', 'E5M2_MAX', 'NVFP4_BLOCK', 'MXFP8
            'e2m1_code', 'stochastic_round', 'NVFP4Tensor', 'as_f32', 'check_u', 'pack_e2m1', 'unpack_e2m1',
            'quantize_nvfp4', 'dequantize_nvfp4', 'fake_quant_nvfp4', 'MXFP8Tensor', 'e8m0_to_f32', 'quantize_mxfp8',
            'dequantize_mxfp8', 'fake_quant_mxfp8', 'hadamard', 'random_hadamard', 'rht', 'check_counts',
-           'check_grouped', 'expert_segments', 'grouped_linear']
+           'check_grouped', 'expert_segments', 'grouped_linear', 'fast_fake_quant_nvfp4', 'fast_fake_quant_mxfp8']
 
 # %% ../nbs/1_numerics/00_quant.ipynb #c006
 FP32_MAX = torch.finfo(torch.float32).max
@@ -278,3 +278,156 @@ def grouped_linear(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Ten
     c = check_grouped(x_sorted, w, counts, 'grouped_linear')
     outs = [x_sorted[o:o + n] @ w[e].t() for e, o, n in expert_segments(c) if n]
     return torch.cat(outs) if outs else x_sorted.new_zeros(0, w.shape[1])
+
+# %% ../nbs/1_numerics/00_quant.ipynb #c034
+import numpy as np
+
+_f32, _f64 = np.float32, np.float64
+
+def _flog2(a):
+    "Exact floor(log2 a) of a positive finite fp32 (through float64, where fp32 subnormals are normal)."
+    return math.frexp(_f64(a))[1] - 1
+
+def _rne(a, mbits, emin):
+    "Positive fp32 `a` rounded to nearest-even onto a float grid of `mbits` mantissa bits, normals from 2^emin (exact in float64)."
+    q = math.ldexp(1.0, max(_flog2(a), emin) - mbits)
+    return _f32(np.rint(_f64(a) / q) * q)
+
+def _nvfp4_fq(x, out, row, tile):
+    "x, out [M, R, K] fp32 (out's last dim padded to 16); row: per-row scale; tile: 16x16 block scales."
+    M, R, K = x.shape; nb = (K + 15) // 16; six, big = _f32(6.0), _f32(3.4028234663852886e38)
+    blk = np.zeros((R, nb), np.float32); se = np.empty(R, np.float32)
+    for m in range(M):
+        for r in range(R):
+            for j in range(K):
+                v = x[m, r, j]
+                if not np.isfinite(v): return False
+                a = abs(v)
+                if a > blk[r, j // 16]: blk[r, j // 16] = a
+        if tile:
+            for r0 in range(0, R, 16):
+                for b in range(nb):
+                    t = _f32(0.0)
+                    for r in range(r0, min(r0 + 16, R)): t = max(t, blk[r, b])
+                    for r in range(r0, min(r0 + 16, R)): blk[r, b] = t
+        A = _f32(0.0)
+        for r in range(R):
+            ra = _f32(0.0)
+            for b in range(nb): ra = max(ra, blk[r, b])
+            se[r] = ra; A = max(A, ra)
+        for r in range(R):
+            a = se[r] if row else A
+            s = _f32(1.0) if a == 0 else min(_f32(2688.0) / a, big)
+            dec = _f32(1.0) / s
+            for b in range(nb):
+                t = min(blk[r, b] * s / six, _f32(448.0))
+                sf = _rne(t, 3, -6) if t > 0 else _f32(0.0)
+                enc = min(_f32(1.0) / (sf * dec), big)
+                for j in range(16 * b, min(16 * b + 16, K)):
+                    v = min(max(x[m, r, j] * enc, -six), six); a = abs(v)
+                    c = (_f32(0.0) if a <= .25 else _f32(.5) if a < .75 else _f32(1.0) if a <= 1.25 else _f32(1.5) if a < 1.75
+                         else _f32(2.0) if a <= 2.5 else _f32(3.0) if a < 3.5 else _f32(4.0) if a <= 5 else six)
+                    if v < 0 or (v == 0 and math.copysign(1.0, v) < 0): c = -c
+                    out[m, r, j] = (c * sf) * dec
+                for j in range(max(K, 16 * b), 16 * b + 16): out[m, r, j] = 0.0
+            blk[r, :] = 0.0
+    return True
+
+# %% ../nbs/1_numerics/00_quant.ipynb #c035
+def _mxfp8_fq(x, out, u, mbits, emin, emax, maxv, rceil, sr):
+    "x [R, K], out [R, Kp] fp32 (Kp = K padded to 32); u [R, Kp] uniforms when `sr`."
+    R, K = x.shape; nb = (K + 31) // 32; mv = _f32(maxv)
+    outi = out.view(np.int32)
+    drop = 23 - mbits; half = (1 << (drop - 1)) - 1; mask = ~((1 << drop) - 1); nmin = (emin + 127) << 23
+    magic = _f32(math.ldexp(1.0, emin - mbits + 23))              # (a + magic) - magic: RNE to multiples of 2^(emin-mbits)
+    for r in range(R):
+        for b in range(nb):
+            j0, j1 = 32 * b, min(32 * b + 32, K)
+            amax = _f32(0.0)
+            for j in range(j0, j1):
+                v = x[r, j]
+                if not np.isfinite(v): return False
+                amax = max(amax, abs(v))
+            if amax == 0: ex = -127
+            elif not rceil: ex = _flog2(amax) - emax
+            else:
+                d = amax / mv
+                if d == 0: ex = -127
+                else:
+                    mant, e = math.frexp(_f64(d))
+                    ex = e - 1 if mant == 0.5 else e
+            ex = min(max(ex, -127), 127)
+            X = _f32(math.ldexp(1.0, ex))
+            for j in range(j0, j1):
+                v = min(max(x[r, j] / X, -mv), mv); a = abs(v)
+                out[r, j] = a; bits = outi[r, j]
+                if sr:
+                    e = max((bits >> 23) - 127, emin)
+                    outi[r, j] = (e - mbits + 127) << 23; ulp = out[r, j]
+                    iu = _f32(1.0) / ulp
+                    lo = np.floor(a * iu) * ulp
+                    q = lo + ulp if u[r, j] < (a - lo) * iu else lo
+                elif bits >= nmin:
+                    outi[r, j] = (bits + half + ((bits >> drop) & 1)) & mask; q = out[r, j]
+                else: q = (a + magic) - magic
+                if v < 0 or (v == 0 and math.copysign(1.0, v) < 0): q = -q
+                out[r, j] = q * X
+            for j in range(j1, j0 + 32): out[r, j] = 0.0
+    return True
+
+_NB = {}
+def _numba_kernels():
+    "Compile (once per process; numba caches the machine code on disk) the fused CPU fake quantizers; None without numba."
+    if 'k' not in _NB:
+        try: import numba
+        except ImportError: _NB['k'] = None; return None
+        jit = numba.njit(cache=True, nogil=True, error_model='numpy')
+        g = globals()
+        for name in ('_flog2', '_rne', '_nvfp4_fq', '_mxfp8_fq'):
+            if not hasattr(g[name], 'py_func'): g[name] = jit(g[name])
+        _NB['k'] = (g['_nvfp4_fq'], g['_mxfp8_fq'])
+    return _NB['k']
+
+# %% ../nbs/1_numerics/00_quant.ipynb #c036
+def _fast_ok(x): return x.device.type == 'cpu' and _numba_kernels() is not None
+
+def fast_fake_quant_nvfp4(x: torch.Tensor, scale: Literal['tensor', 'row'] = 'tensor', block2d: bool = False,
+                          per_matrix: bool = False) -> torch.Tensor:
+    """`fake_quant_nvfp4` in one fused pass on CPU (numba), bit-identical to it; other devices, non-finite inputs and
+    a missing numba take the reference. `per_matrix`: x [M, R, K] holds M matrices, each tensor scaled on its own
+    (the experts' weights), i.e. `torch.stack([fake_quant_nvfp4(m, ...) for m in x])` in one call."""
+    if not per_matrix and (block2d and x.dim() < 2 or scale not in ('tensor', 'row')):
+        return fake_quant_nvfp4(x, scale=scale, block2d=block2d)
+    if per_matrix and x.dim() != 3: raise ValueError(f"fast_fake_quant_nvfp4: per_matrix needs x [M, R, K], got {tuple(x.shape)}")
+    xf = as_f32(x, 'fast_fake_quant_nvfp4')
+    if _fast_ok(xf) and not (block2d and scale != 'tensor'):
+        shape = tuple(xf.shape); K = shape[-1]; kp = -(-K // NVFP4_BLOCK) * NVFP4_BLOCK
+        if per_matrix: x3 = xf.contiguous()
+        elif scale == 'tensor' and block2d: x3 = xf.reshape(-1, shape[-2], K).contiguous()
+        else: x3 = xf.reshape(1, -1, K).contiguous()
+        out = torch.empty(x3.shape[:-1] + (kp,), dtype=torch.float32)
+        if per_matrix or not block2d or x3.shape[0] == 1:
+            ok = _NB['k'][0](x3.numpy(), out.numpy(), scale == 'row', block2d)
+        else:      # block2d tensor scale over several matrices: one scale for all, so tile within each, amax over all
+            ok = False
+        if ok: return out.view(-1, kp)[:, :K].reshape(shape)
+    if per_matrix: return torch.stack([fake_quant_nvfp4(m, scale=scale, block2d=block2d) for m in x])
+    return fake_quant_nvfp4(x, scale=scale, block2d=block2d)
+
+def fast_fake_quant_mxfp8(x: torch.Tensor, elem: Literal['e4m3', 'e5m2'] = 'e4m3', rule: Literal['floor', 'rceil'] = 'floor',
+                          sr: bool = False, u: Optional[torch.Tensor] = None,
+                          generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """`fake_quant_mxfp8` in one fused pass on CPU (numba), bit-identical to it, the stochastic-rounding uniforms
+    included (drawn the same way: one `torch.rand` of the padded shape); otherwise the reference."""
+    if elem not in MX_ELEMS or rule not in ('floor', 'rceil'): return fake_quant_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u, generator=generator)
+    xf = as_f32(x, 'fast_fake_quant_mxfp8')
+    shape = tuple(xf.shape); K = shape[-1]; kp = -(-K // MXFP8_BLOCK) * MXFP8_BLOCK
+    check_u(u, shape[:-1] + (kp,), 'quantize_mxfp8')
+    if not _fast_ok(xf): return fake_quant_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u, generator=generator)
+    x2 = xf.reshape(-1, K).contiguous(); R = x2.shape[0]
+    if sr: u = _uniform((R, kp), None if u is None else u.reshape(R, kp), generator, xf.device)
+    mbits, emin, maxv = _SR_FMT[elem]
+    out = torch.empty(R, kp, dtype=torch.float32)
+    ok = _NB['k'][1](x2.numpy(), out.numpy(), (u if sr else out).numpy(), mbits, emin, MX_ELEMS[elem][1], maxv, rule == 'rceil', sr)
+    if not ok: return fake_quant_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u.reshape(shape[:-1] + (kp,)) if sr else None)
+    return out[:, :K].reshape(shape)

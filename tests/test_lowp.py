@@ -201,3 +201,50 @@ def test_lowp_stage_config_errors(tmp_path):
                      ({'precison': 'x'}, 'unknown key')]:
         (tmp_path / 'p.yaml').write_text(yaml.safe_dump({'lowp': bad}))
         with pytest.raises(ConfigError, match=msg): stage(str(tmp_path / 'p.yaml'))
+
+
+# ---------------------------------------------------------------- the fast CPU path == the reference path, bit for bit
+def _bits(t): return t.contiguous().view(torch.int32)
+
+
+def _run(fn, x, w, gy, kernels, seed=5):
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    torch.manual_seed(seed)
+    with lowp_config(kernels=kernels): y = fn(xs, ws); y.backward(gy)
+    return y, xs.grad, ws.grad, torch.rand(4)                         # the stream after: the same draws were made
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize('cfg', [dict(), dict(grad_elem='e5m2', rule='floor'), dict(sr=False, rht=False)])
+def test_fast_path_bit_identical_linear_and_grouped(cfg):
+    g = torch.Generator().manual_seed(0)
+    with lowp_config(**cfg):
+        for (N, d, h) in [(70, 48, 40), (64, 64, 96)]:
+            x, w = torch.randn(N, d, generator=g), torch.randn(h, d, generator=g) / 7
+            gy = torch.randn(N, h, generator=g)
+            ref, fast = _run(lowp_linear, x, w, gy, False), _run(lowp_linear, x, w, gy, True)
+            assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(ref, fast))
+        for counts, (d, h) in [([30, 0, 17, 1, 52], (48, 40)), ([64, 64, 0, 128], (64, 2 * 96))]:   # 2h: fused w1||w3
+            N, E = sum(counts), len(counts)
+            x, w = torch.randn(N, d, generator=g), torch.randn(E, h, d, generator=g) / 7
+            gy = torch.randn(N, h, generator=g)
+            fn = lambda a, b: lowp_grouped_linear(a, b, counts)
+            ref, fast = _run(fn, x, w, gy, False), _run(fn, x, w, gy, True)
+            assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(ref, fast))
+
+
+@pytest.mark.numerics
+def test_fast_path_bit_identical_model_step():
+    from composer2.model import ModelConfig, Transformer
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=32, n_experts=4,
+                      top_k=2, d_expert=48, n_shared_experts=1, precision='nvfp4_mxfp8')
+    ids = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for kernels in (False, True):
+        torch.manual_seed(0); m = Transformer(cfg)
+        with lowp_config(kernels=kernels):
+            torch.manual_seed(1)
+            out = m(ids[:, :-1])
+            F.cross_entropy(out.logits.reshape(-1, 64), ids[:, 1:].reshape(-1)).backward()
+        runs.append([p.grad for p in m.parameters()] + [out.logits.detach(), torch.rand(4)])
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(*runs))

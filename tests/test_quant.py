@@ -356,3 +356,57 @@ def test_stochastic_round_arithmetic_equals_table_search(fmt):
         a, b = Q.stochastic_round(v, fmt, u), Q._stochastic_round_by_table(v, fmt, u)
         assert torch.equal(a.view(torch.int32), b.view(torch.int32))
     assert Q.stochastic_round(torch.tensor([float('nan')]), fmt).isnan().all()
+
+
+# ---------------------------------------------------------------- fused numba quantizers == the torch reference, bit for bit
+def bits(t): return t.contiguous().view(torch.int32)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize('kind', KINDS)
+def test_fast_nvfp4_bit_identical_to_reference(kind):
+    for shape in [(8, 64), (5, 40), (3, 1), (2, 3, 17), (33, 48)]:
+        x = torch.from_numpy(adversarial(kind, shape))
+        for scale, b2 in [('row', False), ('tensor', False), ('tensor', True)]:
+            r, f = Q.fake_quant_nvfp4(x, scale, b2), Q.fast_fake_quant_nvfp4(x, scale, b2)
+            assert f.shape == r.shape and f.stride() == r.stride() and torch.equal(bits(f), bits(r)), (shape, scale, b2)
+        w = torch.from_numpy(adversarial(kind, (3, 20, 40)))
+        want = torch.stack([Q.fake_quant_nvfp4(m, 'tensor', True) for m in w])
+        assert torch.equal(bits(Q.fast_fake_quant_nvfp4(w, 'tensor', True, per_matrix=True)), bits(want))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize('elem', ['e4m3', 'e5m2'])
+@pytest.mark.parametrize('rule', ['floor', 'rceil'])
+@pytest.mark.parametrize('kind', KINDS)
+def test_fast_mxfp8_bit_identical_to_reference(kind, elem, rule):
+    for shape in [(8, 64), (5, 40), (3, 1), (2, 3, 17), (7, 96)]:
+        x = torch.from_numpy(adversarial(kind, shape))
+        for sr in (False, True):
+            torch.manual_seed(11); r = Q.fake_quant_mxfp8(x, elem, rule, sr=sr); nr = torch.rand(2)
+            torch.manual_seed(11); f = Q.fast_fake_quant_mxfp8(x, elem, rule, sr=sr); nf = torch.rand(2)
+            assert f.shape == r.shape and f.stride() == r.stride() and torch.equal(bits(f), bits(r)), (shape, sr)
+            assert torch.equal(nr, nf)                               # the same uniforms were drawn from the stream
+
+
+@pytest.mark.numerics
+def test_fast_quantizers_boundaries_and_nonfinite():
+    xb = torch.from_numpy(nvfp4_boundary_tensor())
+    for scale in ('tensor', 'row'):
+        assert torch.equal(bits(Q.fast_fake_quant_nvfp4(xb, scale)), bits(Q.fake_quant_nvfp4(xb, scale)))
+    g = torch.Generator().manual_seed(0)
+    for v in (float('nan'), float('inf'), -float('inf')):                 # fall back to the reference
+        x = torch.randn(4, 64, generator=g); x[1, 5] = v
+        for scale in ('tensor', 'row'):
+            assert torch.equal(bits(Q.fast_fake_quant_nvfp4(x, scale)), bits(Q.fake_quant_nvfp4(x, scale)))
+        u = torch.rand(4, 64, generator=g)
+        assert torch.equal(bits(Q.fast_fake_quant_mxfp8(x, 'e4m3', 'rceil', sr=True, u=u)),
+                           bits(Q.fake_quant_mxfp8(x, 'e4m3', 'rceil', sr=True, u=u)))
+    # every positive e4m3/e5m2 value and the midpoints between neighbours (ties to even) through the MXFP8 path
+    for elem, dt in (('e4m3', torch.float8_e4m3fn), ('e5m2', torch.float8_e5m2)):
+        grid = torch.arange(1, 127 if elem == 'e4m3' else 124, dtype=torch.uint8).view(dt).float()
+        mids = (grid[1:] + grid[:-1]) / 2
+        x = torch.cat([grid, mids, -mids, torch.nextafter(mids, torch.zeros(1)), torch.nextafter(mids, torch.full((1,), 1e9))])
+        x = torch.nn.functional.pad(x, (0, -x.numel() % 32)).view(-1, 32)
+        x[:, 0] = grid.max()                                       # every block's scale is 2^0
+        assert torch.equal(bits(Q.fast_fake_quant_mxfp8(x, elem, 'floor')), bits(Q.fake_quant_mxfp8(x, elem, 'floor')))
