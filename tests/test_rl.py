@@ -460,3 +460,16 @@ def test_padded_rollout_steps_never_overflow_the_kv_cache(setup):
         eps, _ = R.rollout_batch(model, codec, envs, rc, None, 0, torch.Generator().manual_seed(seed))
         assert len(eps) == 6 and sum(e['n_summaries'] for e in eps) > 0      # the long rows did summarise
         assert all(len(s.ids) <= rc.context_budget + 64 + R.max_feed(rc) for e in eps for s in e['segments'])
+
+
+def test_validation_draw_is_disjoint_from_heldout_and_training_tasks(tmp_path):
+    "The validation tasks (settings are chosen on them) share no task with the held-out verdict set nor the training split."
+    from composer2.rl_eval import EvalRLConfig, heldout_jobs, validation_jobs
+    from composer2.curriculum_gen import make_tasks
+    cfg = EvalRLConfig(n_heldout=6, heldout_file='', task_seed=2, n_validation=6, validation_seed=3, k=2)
+    held, _, _ = heldout_jobs(cfg, tmp_path)
+    val, source = validation_jobs(cfg, held)
+    hid, vid = {j['task'].id for j in held}, {j['task'].id for j in val}
+    assert len(vid) == 6 and not hid & vid and 'seed=3' in source
+    assert not vid & {t.id for t in make_tasks(24, 1, split='train')}     # the training split (rl.task_seed 1)
+    with pytest.raises(Exception, match='validation_seed'): EvalRLConfig(task_seed=3, validation_seed=3)
