@@ -2,13 +2,15 @@
 
   python benchmarks/bench_env.py [--quick] [--json out.json]
 
-1. start latency: one command (`true`) through the full bubblewrap chain vs `subprocess.run(['true'])`, and a
-   new Sandbox (lower layer cached / copied) plus its first command;
+1. start latency: one command (`true`) through the full bubblewrap chain vs `subprocess.run(['true'])` and vs a bare
+   `bwrap --ro-bind / / true` (bubblewrap's own start cost: the floor for a sandboxed command), and a new Sandbox
+   (lower layer cached / copied) plus its first command;
 2. snapshot, restore and fork latency against repository size (files of 2 KiB), per backend, vs the same
    baseline and vs a naive `cp -a` of the repository (what a copy-based snapshot costs);
 3. throughput of N concurrent environments: each environment runs a short sequence of commands
    (`python -c pass`, `true`, a small write); commands per second through `SandboxPool` vs the same commands as
-   plain subprocesses on the same number of threads.
+   plain subprocesses on the same number of threads, and vs bare `bwrap --ro-bind / /` around each command.
+Goals: a sandboxed command within 2x of bare bwrap; 16 concurrent environments all succeed.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,8 +55,10 @@ def main():
         base_py = timeit(lambda: subprocess.run([sys.executable, '-c', 'pass']), reps)
         print(f"baseline subprocess.run(['true'])            {ms(base)}")
         print(f"baseline subprocess.run([python, -c, pass])   {ms(base_py)}")
+        bare = timeit(lambda: subprocess.run(['bwrap', '--ro-bind', '/', '/', 'true']), reps * 2)
+        print(f"baseline bwrap --ro-bind / / true             {ms(bare)}")
         repo = make_repo(tmp / 'small', 100)
-        res = {'baseline_true_s': base, 'baseline_python_s': base_py}
+        res = {'baseline_true_s': base, 'baseline_python_s': base_py, 'baseline_bare_bwrap_s': bare}
         for be in backends:
             with Sandbox(repo, backend=be) as sb:
                 t_true = timeit(lambda: sb.run('true'), reps * 2)
@@ -67,6 +71,7 @@ def main():
             t_new_cold = timeit(new_sandbox, reps)
             res[be] = {'run_true_s': t_true, 'run_python_s': t_py, 'new_sandbox_cached_lower_s': t_new_warm, 'new_sandbox_cold_s': t_new_cold}
             print(f"[{be:7}] sb.run('true')                   {ms(t_true)}  x{t_true / base:6.1f} vs subprocess")
+            print(f"RATIO [{be}] sb.run('true') / bare bwrap = {t_true / bare:.2f}x (goal <= 2x)")
             print(f"[{be:7}] sb.run('python -c pass')         {ms(t_py)}  x{t_py / base_py:6.2f} vs plain python")
             print(f"[{be:7}] new Sandbox + first run (cached) {ms(t_new_warm)}  x{t_new_warm / base:6.1f}")
             print(f"[{be:7}] new Sandbox + first run (cold)   {ms(t_new_cold)}  x{t_new_cold / base:6.1f}  (copies the 100-file repo)")
@@ -104,9 +109,15 @@ def main():
         def plain(i):
             d = tmp / f'plain{i}'; d.mkdir(exist_ok=True)
             for j in range(per_env): subprocess.run(['sh', '-c', cmds[j % len(cmds)].replace('python', sys.executable)], cwd=d, stdout=subprocess.DEVNULL)
+        def bare_bwrap(i):
+            d = tmp / f'plain{i}'; d.mkdir(exist_ok=True)
+            for j in range(per_env):
+                subprocess.run(['bwrap', '--ro-bind', '/', '/', '--bind', str(d), str(d), '--chdir', str(d), 'sh', '-c',
+                                cmds[j % len(cmds)].replace('python', sys.executable)], stdout=subprocess.DEVNULL)
         out['throughput'] = []
-        print(f"\n{'N':>3} {'envs':>5} {'sandboxed cmd/s':>16} {'plain cmd/s':>12} {'ratio':>7}   (each env: {per_env} commands, new Sandbox per env)")
-        for N in ([1, 2, 4] if a.quick else [1, 2, 4, 8]):
+        print(f"\n{'N':>3} {'envs':>5} {'sandboxed cmd/s':>16} {'plain cmd/s':>12} {'bare bwrap cmd/s':>17} {'vs plain':>9} {'vs bwrap':>9}"
+              f"   (each env: {per_env} commands, new Sandbox per env)")
+        for N in ([1, 4, 16] if a.quick else [1, 2, 4, 8, 16]):
             n_envs = 2 * N
             pool = SandboxPool(max_concurrency=N)
             t = time.perf_counter(); r = pool.run(episode, [PoolJob(repo, i) for i in range(n_envs)]); t_sb = time.perf_counter() - t
@@ -114,9 +125,15 @@ def main():
             t = time.perf_counter()
             with ThreadPoolExecutor(N) as ex: list(ex.map(plain, range(n_envs)))
             t_pl = time.perf_counter() - t
-            tp_sb, tp_pl = n_envs * per_env / t_sb, n_envs * per_env / t_pl
-            out['throughput'].append({'N': N, 'envs': n_envs, 'sandbox_cmds_per_s': tp_sb, 'plain_cmds_per_s': tp_pl})
-            print(f"{N:>3} {n_envs:>5} {tp_sb:>16.1f} {tp_pl:>12.1f} {tp_sb / tp_pl:>7.2f}")
+            t = time.perf_counter()
+            with ThreadPoolExecutor(N) as ex: list(ex.map(bare_bwrap, range(n_envs)))
+            t_bw = time.perf_counter() - t
+            tp_sb, tp_pl, tp_bw = n_envs * per_env / t_sb, n_envs * per_env / t_pl, n_envs * per_env / t_bw
+            out['throughput'].append({'N': N, 'envs': n_envs, 'sandbox_cmds_per_s': tp_sb, 'plain_cmds_per_s': tp_pl,
+                                      'bare_bwrap_cmds_per_s': tp_bw})
+            print(f"{N:>3} {n_envs:>5} {tp_sb:>16.1f} {tp_pl:>12.1f} {tp_bw:>17.1f} {tp_sb / tp_pl:>9.2f} {tp_sb / tp_bw:>9.2f}")
+            print(f"RATIO concurrent N={N} sandboxed/plain = {tp_sb / tp_pl:.2f}x; sandboxed/bare bwrap = {tp_sb / tp_bw:.2f}x "
+                  f"({n_envs} envs x {per_env} commands, all succeeded)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if a.json:

@@ -51,14 +51,17 @@ def expert_episode(task: Task, backend: str = 'sandbox', limits=None, system: st
 # %% ../nbs/6_harness/13_curriculum.ipynb #c013
 def rollout(model, tok, tasks: list[Task], temperature: float = 1.0, max_turns: int = 8, max_new_tokens: int = 192,
             seed: int = 0, backend: str = 'sandbox', reward_cfg=None, batch_size: int = 32, max_len: int | None = None,
-            threads: int = 4) -> list[Episode]:
-    "Run `model` as an agent on `tasks` (batched generation per turn); graded episodes with rewards."
+            threads: int = 4, desc: str | None = None, on_batch: Callable | None = None) -> list[Episode]:
+    """Run `model` as an agent on `tasks` (batched generation per turn); graded episodes with rewards. `desc`: a progress
+    bar over the tasks with the running success rate and mean reward; `on_batch(episodes so far)` after each batch."""
     import torch
+    from tqdm.auto import tqdm
     from composer2.rewards import RewardConfig, episode_reward
     reward_cfg = reward_cfg or RewardConfig()
     g = torch.Generator().manual_seed(seed)
     out: list[Episode] = []
     was = model.training; model.eval()
+    bar = tqdm(total=len(tasks), desc=desc or 'rollout', disable=desc is None)
     try:
         for b0 in range(0, len(tasks), batch_size):
             envs = []
@@ -69,7 +72,11 @@ def rollout(model, tok, tasks: list[Task], temperature: float = 1.0, max_turns: 
                 raise
             for ep in run_episodes(envs, GeneratePolicy(model, tok, temperature, max_new_tokens, g, max_len), threads):
                 ep.reward_parts = episode_reward(ep, ep.tokens_generated, reward_cfg); out.append(ep)
-    finally: model.train(was)
+            bar.update(len(envs))
+            bar.set_postfix(resolved=f'{sum(e.resolved for e in out) / len(out):.3f}',
+                            reward=f"{sum(e.reward_parts.get('total', 0.0) for e in out) / len(out):.3f}")
+            if on_batch is not None: on_batch(out)
+    finally: model.train(was); bar.close()
     return out
 
 def success_stats(eps: list[Episode]) -> dict:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/6_harness/03_env.ipynb #c003
 from __future__ import annotations
-import atexit, hashlib, itertools, os, shutil, signal, stat, subprocess, sys, tempfile, threading, time, traceback, weakref
+import atexit, hashlib, itertools, os, select, shutil, signal, stat, subprocess, sys, tempfile, threading, time, traceback, weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +166,19 @@ _SIGNALS = {9: 'SIGKILL (a memory, CPU or process limit, or a kill)', 24: 'SIGXC
             25: 'SIGXFSZ: file size limit exceeded', 11: 'SIGSEGV', 6: 'SIGABRT', 15: 'SIGTERM'}
 
 # %% ../nbs/6_harness/03_env.ipynb #c011
+def _wait_exit(p: subprocess.Popen, timeout: float) -> bool:
+    """Wait until `p` exits, at most `timeout` seconds; True if it did not. Sleeps on a pidfd where the kernel has them
+    (`Popen.wait(timeout=)` polls with sleeps that grow to 50 ms: most of a short command's cost)."""
+    try: fd = os.pidfd_open(p.pid)
+    except (AttributeError, OSError): fd = None
+    if fd is None:
+        try: p.wait(timeout=timeout); return False
+        except subprocess.TimeoutExpired: return True
+    try: ready = select.select([fd], [], [], timeout)[0]
+    finally: os.close(fd)
+    if not ready: return True
+    p.wait(); return False
+
 class _SandboxCommands:
     "`Sandbox.run` and `Sandbox.kill` (a part of `Sandbox`)."
     def run(self, cmd: str, timeout: float | None = None, cwd: str = '.', env: dict | None = None) -> RunResult:
@@ -192,8 +205,7 @@ class _SandboxCommands:
             co = _Capture(p.stdout, lim.output_bytes, lim.kill_output_bytes, on_flood)
             ce = _Capture(p.stderr, lim.output_bytes, lim.kill_output_bytes, on_flood)
             timed_out = False
-            try: p.wait(timeout=wall)
-            except subprocess.TimeoutExpired: timed_out = True; kill(); p.wait()
+            if _wait_exit(p, wall): timed_out = True; kill(); p.wait()
             for c in (co, ce): c.thread.join(10)
             if any(c.thread.is_alive() for c in (co, ce)):  # something still holds the pipes: should be impossible
                 kill(); p.stdout.close(); p.stderr.close()

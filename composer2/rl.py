@@ -11,6 +11,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from .config import ConfigError, check, to_dict
 from .model import Transformer
@@ -99,16 +100,23 @@ class RLRun:
         self.cfg, self.jobs, self.on_event, self.meta, self.live_dir = cfg, jobs_by_prompt, on_event, meta, live_dir
         self.out_dir = Path(out_dir); self.ckpt = self.out_dir / 'ckpt'
         torch.set_num_threads(cfg.trainer_threads); torch.manual_seed(cfg.seed)
-        self.learner = Learner(model, cfg.loss)
-        self.sampler = EpochSampler(sorted(jobs_by_prompt), cfg.seed)
-        self.hist = {'steps': [], 'staleness': [], 'dropped_stale': 0, 'skipped_groups': 0, 'restarts': 0, 'errors': [],
-                     'mismatch': []}
-        if (self.ckpt / 'meta.json').exists(): self._resume(model)
         self.spec = WorkerSpec(to_dict(model.cfg), tokenizer_json, cfg.rollout, env_factory, cfg.groups_per_batch,
                                cfg.worker_threads, cfg.seed)
+        self.tr, self.t_launch = None, time.time()
+        if cfg.backend == 'local' and stop_after != 0:   # start the workers first: their start overlaps the setup below
+            self.tr = TRANSPORTS['local'](); self.tr.launch(self.spec, cfg.n_workers, publishable_state(model))
+        try:
+            self.learner = Learner(model, cfg.loss)
+            self.sampler = EpochSampler(sorted(jobs_by_prompt), cfg.seed)
+            self.hist = {'steps': [], 'staleness': [], 'dropped_stale': 0, 'skipped_groups': 0, 'restarts': 0, 'errors': [],
+                         'mismatch': []}
+            if (self.ckpt / 'meta.json').exists(): self._resume(model)
+        except BaseException:
+            if self.tr is not None: self.tr.close()
+            raise
         self.end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-        self.live, self.seen = None, []     # seen: every finished (not stale) group since the last step, skipped ones too
-        self.idle, self.busy, self.gen_tokens, self.samples = 0.0, 0.0, 0, 0
+        self.live, self.seen, self.bar, self.progress = None, [], None, live_dir is not None   # progress bar: stage runs     # seen: every finished (not stale) group since the last step, skipped ones too
+        self.idle, self.busy, self.gen_tokens, self.samples, self.gen_s, self.worker_start_s = 0.0, 0.0, 0, 0, 0.0, None
         self.next_gid = max([0] + [s.get('next_gid', 0) for s in self.hist['steps'][-1:]])
 
     def _resume(self, model):
@@ -176,27 +184,39 @@ def _train_on(self: RLRun, groups, wait_s: float) -> dict:
     hist['steps'].append(rec)
     h, sh = hist['staleness'], st['staleness']
     hist['staleness'] = [(h[i] if i < len(h) else 0) + (sh[i] if i < len(sh) else 0) for i in range(max(len(h), len(sh)))]
+    rec['staleness_mean'] = sum(i * c for i, c in enumerate(sh)) / max(1, sum(sh))
+    rec['samples_per_s'] = self.samples / max(1e-9, rec['wall_s'])
     if self.live is not None:
         self.live.step = learner.version
-        for k in ('reward_mean', 'best_of_group', 'loss', 'gen_tokens_mean', 'summaries_mean', 'is_weight_mean', 'clipped_frac'):
+        for k in ('reward_mean', 'best_of_group', 'loss', 'gen_tokens_mean', 'summaries_mean', 'is_weight_mean', 'clipped_frac',
+                  'staleness_mean', 'samples_per_s'):
             self.live.log_metric(f'rl/{k}', rec[k])
         for k, v in rec['components'].items(): self.live.log_metric(f'rl/reward_{k}', v)
+    if self.bar is not None:
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", loss=f"{rec['loss']:.3f}",
+                             stale=f"{rec['staleness_mean']:.2f}", sps=f"{rec['samples_per_s']:.2f}")
     if learner.version == self.end or (cfg.ckpt_every and learner.version % cfg.ckpt_every == 0): self.save()
     if self.on_event: self.on_event('step', rec, None)
     return state
 
 def _run(self: RLRun) -> dict:
     "Train to `end` (nothing if the checkpoint is already there) and return the history."
-    if self.learner.version >= self.cfg.steps: return self.hist
+    if self.learner.version >= self.cfg.steps:
+        if self.tr is not None: self.tr.close()
+        return self.hist
     if self.live_dir is not None:
         from dvclive import Live
         self.live = Live(str(self.live_dir), dvcyaml=None, save_dvc_exp=False, report=None, resume=self.learner.version > 0)
     self.t_start = time.time()
-    (_run_sync if self.cfg.backend == 'sync' else _run_async)(self)
+    self.bar = tqdm(total=self.end, initial=self.learner.version, desc='rl', disable=not self.progress)
+    try: (_run_sync if self.cfg.backend == 'sync' else _run_async)(self)
+    finally: self.bar.close()
     wall = time.time() - self.t_start
     self.hist['throughput'] = {'wall_s': wall, 'samples_per_s': self.samples / wall,
                                'trainer_idle_frac': self.idle / max(1e-9, self.idle + self.busy),
-                               'rollout_tokens_per_s': self.gen_tokens / wall, 'samples': self.samples, 'gen_tokens': self.gen_tokens}
+                               'rollout_tokens_per_s': self.gen_tokens / wall, 'samples': self.samples, 'gen_tokens': self.gen_tokens,
+                               'train_s': self.busy, 'idle_s': self.idle, 'gen_s': self.gen_s, 'worker_start_s': self.worker_start_s}
     if self.live is not None: self.live.end()
     return self.hist
 
@@ -219,7 +239,7 @@ def _run_sync(r: RLRun):
             got = weights.poll(rv)                 # None: the rollout model already has the latest weights
             if got is not None: rv, st = got; load_state_into(rmodel, st)
             res, rv, rs = rollout_groups(rmodel, codec, r.spec, jobs, None, rv, gen)
-            r.gen_tokens += rs['gen_tokens']
+            r.gen_tokens += rs['gen_tokens']; r.gen_s += rs['seconds']
             buffer += [ts for _, ts in res if r.admit(ts)]
         r.idle += time.time() - t0
         state = r.train_on(buffer[:B], time.time() - t0); buffer = buffer[B:]
@@ -228,8 +248,10 @@ def _run_sync(r: RLRun):
 # %% ../nbs/7_rl/04_rl.ipynb #c014
 def _run_async(r: RLRun):
     cfg, B, learner = r.cfg, r.cfg.groups_per_step, r.learner
-    tr = TRANSPORTS[cfg.backend]()
-    learner.model.eval(); tr.start(r.spec, cfg.n_workers, publishable_state(learner.model), learner.version); learner.model.train()
+    learner.model.eval()
+    if r.tr is not None: tr = r.tr; tr.publish(publishable_state(learner.model), learner.version)   # launched in __init__
+    else: tr = TRANSPORTS[cfg.backend](); tr.start(r.spec, cfg.n_workers, publishable_state(learner.model), learner.version)
+    learner.model.train()
     r.inflight, r.buffer = {}, []          # group id -> (prompt id, worker); finished groups waiting for a step
     r.fails = collections.Counter()        # worker -> deaths since it last finished a job
     wait_t0 = time.time()
@@ -268,8 +290,11 @@ def _on_result(r: RLRun, ev):
         group = [Trajectory.from_dict(d) for d in trajs]
         assert len(group) == r.cfg.group_size and all(t.group_id == gid for t in group), 'a half-counted group'
         r.gen_tokens += sum(t.gen_tokens for t in group)
+        if rs.get('first_of_batch'): r.gen_s += rs['seconds']
         if r.stale(group): r.hist['dropped_stale'] += 1; r.sampler.requeue(pid); return
         if r.admit(group): r.buffer.append(group)
+    elif ev[0] == 'ready':                             # a worker is up (weights loaded): how long its start took
+        if r.worker_start_s is None: r.worker_start_s = ev[2]
     elif ev[0] == 'error':
         _, w, gids, msg = ev
         r.fails[w] = 0

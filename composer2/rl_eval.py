@@ -11,6 +11,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from .config import ConfigError, check, to_dict
 from .train import load_model
@@ -19,7 +20,8 @@ from .rl_rollout import (RolloutConfig, harness_env_factory, reward_config, curr
 from .rl_transport import WorkerSpec, build_rollout_model, rollout_groups
 
 # %% auto #0
-__all__ = ['EvalRLConfig', 'heldout_jobs', 'expected_best_of', 'best_of_k_curve', 'heldout_summary', 'paired_difference']
+__all__ = ['EvalRLConfig', 'heldout_jobs', 'validation_jobs', 'expected_best_of', 'best_of_k_curve', 'heldout_summary',
+           'paired_difference']
 
 # %% ../nbs/7_rl/03_rl_eval.ipynb #c004
 @dataclass
@@ -41,10 +43,14 @@ class EvalRLConfig:
     bench_context_budget: int = 1024
     seed: int = 0
     paired_noise: bool = True      # sample s of task i draws from one stream under both checkpoints (common random numbers)
+    n_validation: int = 0          # validation tasks (0: none): the draw that settings are chosen on, never the held-out one
+    validation_seed: int = 3       # their seed (held-out parameter space, held-out tasks excluded; must differ from task_seed)
     reward: dict[str, Any] = field(default_factory=dict)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     def __post_init__(self):
         check(self.n_heldout >= 2 and self.k >= 1, 'eval_rl: n_heldout must be >= 2 and k >= 1')
+        check(self.n_validation == 0 or self.n_validation >= 2, 'eval_rl.n_validation must be 0 (none) or >= 2')
+        check(self.validation_seed != self.task_seed, 'eval_rl.validation_seed must differ from eval_rl.task_seed')
 
 def heldout_jobs(cfg: EvalRLConfig, root) -> tuple[list[dict], str, Callable]:
     "`eval_rl`'s held-out jobs (one per task, K samples each), where they came from, and their environment factory."
@@ -62,7 +68,17 @@ def heldout_jobs(cfg: EvalRLConfig, root) -> tuple[list[dict], str, Callable]:
                             reward_cfg=reward_config(cfg.reward))
     return jobs, source, fac
 
-def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads, paired_noise: bool = False):
+def validation_jobs(cfg: EvalRLConfig, heldout: list[dict]) -> tuple[list[dict], str]:
+    """`cfg.n_validation` jobs drawn with `cfg.validation_seed` from the held-out parameter space (so disjoint from every
+    training task), leaving out the held-out tasks themselves (task ids carry their parameter hash)."""
+    from composer2.curriculum import make_tasks
+    taken = {j['task'].id for j in heldout}
+    tasks = [t for t in make_tasks(cfg.n_validation + len(taken), cfg.validation_seed, split='heldout') if t.id not in taken]
+    system = curriculum_system()
+    return ([{'task': t, 'system': system, 'prompt_id': t.id, 'group_id': i, 'group_size': cfg.k}
+             for i, t in enumerate(tasks[:cfg.n_validation])], f'make_tasks(seed={cfg.validation_seed}) minus held-out')
+
+def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads, paired_noise: bool = False, desc: str | None = None, live=None):
     """Rollouts of one checkpoint on `jobs`: per-task lists of trajectories, and the fp32 model (for mismatch).
     `paired_noise`: each episode samples from its own stream (`episode_generators`), else one stream for all."""
     model, _ = load_model(path)
@@ -70,11 +86,16 @@ def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads, paired_noise: bool 
     rmodel, codec = build_rollout_model(spec)
     load_state_into(rmodel, publishable_state(model))
     gen = torch.Generator().manual_seed(seed)
-    res = []
+    res, rewards = [], []
+    bar = tqdm(total=len(jobs), desc=desc or 'eval', disable=desc is None)   # `desc`: progress (tasks) with the running mean
     for i in range(0, len(jobs), gpb):
         batch = jobs[i:i + gpb]
         r, _, _ = rollout_groups(rmodel, codec, spec, batch, None, 0, episode_generators(batch, seed) if paired_noise else gen)
-        res += r
+        res += r; rewards += [t.reward for _, ts in r for t in ts]
+        bar.update(len(batch)); bar.set_postfix(reward=f'{np.mean(rewards):.3f}')
+        if live is not None:      # running mean reward over the tasks done so far, x = tasks done
+            live.step = len(res); live.log_metric(f'{desc or "eval"}/running_mean_reward', float(np.mean(rewards)))
+    bar.close()
     return res, model
 
 # %% ../nbs/7_rl/03_rl_eval.ipynb #c005

@@ -20,7 +20,7 @@ from .model import Transformer, ModelConfig, KVCache, sample_next
 __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv', 'toy_env_factory', 'HarnessEnv',
            'harness_env_factory', 'curriculum_system', 'reward_config', 'ChatCodec', 'ManualWeights', 'SharedWeights',
            'load_state_into', 'publishable_state', 'RolloutConfig', 'sample_coupled', 'episode_generators',
-           'TokenPolicy', 'rollout_batch', 'tiny_tokenizer', 'tiny_setup']
+           'TokenPolicy', 'rollout_batch', 'max_feed', 'tiny_tokenizer', 'tiny_setup']
 
 # %% ../nbs/7_rl/00_rl_rollout.ipynb #c006
 NO_ROUTE = 255
@@ -175,12 +175,12 @@ class SharedWeights:
         self.seq.value = 2 * (version + 1)
     @property
     def version(self) -> int: return self.seq.value // 2 - 1
-    def poll(self, have: int, tries: int = 50):
+    def poll(self, have: int, tries: int = 3):
+        """(version, weights) when newer than `have`; None when not, or while the trainer is writing (never waits for it:
+        the rollout goes on with the weights it has and takes the new ones at a later poll)."""
         for _ in range(tries):
             s1 = self.seq.value
-            if s1 % 2 or s1 // 2 - 1 <= have:
-                if s1 % 2: time.sleep(0.001); continue
-                return None
+            if s1 % 2 or s1 // 2 - 1 <= have: return None
             snap = {k: b.clone() for k, b in self.buf.items()}
             if self.seq.value == s1: return s1 // 2 - 1, snap
         return None
@@ -281,8 +281,11 @@ class TokenPolicy(Policy):
         for r in self.rows:
             if len(r.prefix) + cfg.max_new_tokens + cfg.summary_max_tokens + 8 > cfg.context_budget:
                 raise ValueError(f"the prompt ({len(r.prefix)} tokens) leaves no room in context_budget {cfg.context_budget}")
-        self.cap = cfg.context_budget + 64
-        self.cache = KVCache.for_model(self.model, len(self.rows), self.cap, next(self.model.parameters()).dtype)
+        self.cap = cfg.context_budget + 64              # a row stops generating at this length
+        # the cache also holds a whole padded step: a row at `cap` may be fed along with another row's longest input
+        self.cache_cap = self.cap + max_feed(cfg)
+        self.cache = KVCache.for_model(self.model, len(self.rows), max(self.cache_cap, max(len(r.prefix) for r in self.rows)),
+                                       next(self.model.parameters()).dtype)
         self.live = list(range(len(self.rows)))          # cache slot j holds row live[j]
     @torch.no_grad()
     def advance(self, live):
@@ -341,6 +344,11 @@ def rollout_batch(model, codec: ChatCodec, envs: list, cfg: RolloutConfig, weigh
 def _fit_obs(obs: list[int], limit: int) -> list[int]:
     "Keep an observation's head and its closing tokens when it is longer than `limit` tokens."
     return obs if len(obs) <= limit else obs[:limit - 4] + obs[-4:]
+
+def max_feed(cfg: RolloutConfig) -> int:
+    """The most tokens one row is fed in a step after the first: its last token, a closing END, and an observation
+    or summary request cut to `context_budget // 2`; or a summary context (`summary_max_tokens` and a few markers)."""
+    return max(cfg.context_budget // 2 + 2, cfg.summary_max_tokens + 16)
 
 def _after_step(r, msgs, done, codec, cfg):
     "The environment answered row `r`'s act turn: append the observation, or ask for a summary, or end the trajectory."

@@ -67,8 +67,9 @@ def _exit_with_parent(ppid: int, every: float = 0.5) -> threading.Thread:
     t = threading.Thread(target=watch, name='exit-with-parent', daemon=True); t.start()
     return t
 
-def _worker_main(wid: int, spec, weights, job_q, res_q, ppid: int | None = None):
+def _worker_main(wid: int, spec, weights, job_q, res_q, ppid: int | None = None, t_spawn: float | None = None):
     "A rollout worker process: `spec` is a `WorkerSpec` or its pickle (unpickled here, so a failure is reported)."
+    t_spawn = time.time() if t_spawn is None else t_spawn
     _exit_with_parent(os.getppid() if ppid is None else ppid)
     try:
         if isinstance(spec, bytes): spec = pickle.loads(spec)
@@ -78,10 +79,11 @@ def _worker_main(wid: int, spec, weights, job_q, res_q, ppid: int | None = None)
         res_q.put(('fatal', wid, traceback.format_exc())); res_q.close(); res_q.join_thread()
         sys.exit(1)
     version = -1
-    while version < 0:
+    while version < 0:                             # the first weights (the trainer publishes them once it is set up)
         got = weights.poll(version)
         if got is None: time.sleep(0.01); continue
         version, st = got; load_state_into(model, st)
+    res_q.put(('ready', wid, time.time() - t_spawn))
     gen = torch.Generator().manual_seed(spec.seed * 7919 + wid * 104729 + os.getpid())
     _serve(wid, spec, model, codec, weights, version, gen, job_q, res_q)
 
@@ -101,8 +103,8 @@ def _serve(wid, spec, model, codec, weights, version, gen, job_q, res_q):
             res, version, st = rollout_groups(model, codec, spec, jobs, weights, version, gen)
         except Exception:
             res_q.put(('error', wid, [j['group_id'] for j in jobs], traceback.format_exc())); continue
-        for j, trajs in res:
-            res_q.put(('group', wid, j['group_id'], [t.to_dict() for t in trajs], st))
+        for i, (j, trajs) in enumerate(res):       # the batch's seconds are counted once (with its first group)
+            res_q.put(('group', wid, j['group_id'], [t.to_dict() for t in trajs], {**st, 'first_of_batch': i == 0}))
 
 # %% ../nbs/7_rl/02_rl_transport.ipynb #c009
 class LocalTransport:
@@ -111,15 +113,18 @@ class LocalTransport:
         import torch.multiprocessing as mp
         self.ctx = mp.get_context('spawn'); self.procs, self.jobs, self.results = [], [], []
         self._errors, self._backlog = {}, []
-    def start(self, spec: WorkerSpec, n_workers: int, state: dict, version: int):
+    def launch(self, spec: WorkerSpec, n_workers: int, state: dict):
+        "Start the workers with no weights published yet: they import, build their model, then wait for `publish`."
         self.spec, self.weights = spec, SharedWeights(state, self.ctx)
         self._spec_blob = pickle.dumps(spec)         # unpickled in the worker, where a failure is reported
-        self.weights.publish(state, version)
         for w in range(n_workers): self._spawn(w)
+    def start(self, spec: WorkerSpec, n_workers: int, state: dict, version: int):
+        self.launch(spec, n_workers, state); self.weights.publish(state, version)
     def _spawn(self, w):
         jq, rq = self.ctx.Queue(), self.ctx.Queue()
         # the target is this package's function, never one of a notebook's __main__ (which a spawned child cannot import)
-        p = self.ctx.Process(target=_worker_main, args=(w, self._spec_blob, self.weights, jq, rq, os.getpid()), daemon=True)
+        p = self.ctx.Process(target=_worker_main, args=(w, self._spec_blob, self.weights, jq, rq, os.getpid(), time.time()),
+                             daemon=True)
         p.start()
         if w < len(self.procs): self.procs[w], self.jobs[w], self.results[w] = p, jq, rq
         else: self.procs.append(p); self.jobs.append(jq); self.results.append(rq)
@@ -136,10 +141,13 @@ class LocalTransport:
     def poll(self, timeout: float = 0.05) -> list:
         end, out = time.time() + timeout, self._backlog
         self._backlog = []
+        from multiprocessing.connection import wait
         while True:
             for w in range(len(self.results)): self._drain(w, out)
-            if out or time.time() >= end: return out
-            time.sleep(0.005)
+            left = end - time.time()
+            if out or left <= 0: return out
+            try: wait([q._reader for q in self.results], left)    # sleep until a worker sends something (no polling)
+            except (OSError, ValueError, AttributeError): time.sleep(0.005)
     def dead(self) -> list[int]: return [w for w, p in enumerate(self.procs) if not p.is_alive()]
     def error(self, w) -> str | None:
         "The start failure worker `w` reported last (read from its queue: call before `restart`)."
@@ -157,8 +165,9 @@ class LocalTransport:
             if p.is_alive():
                 try: self.jobs[w].put(None)
                 except Exception: pass
+        end = time.time() + 0.5     # a worker mid-batch would finish it first: its groups are not wanted, so it is killed
         for p in self.procs:
-            p.join(3)
+            p.join(max(0.0, end - time.time()))
             if p.is_alive(): p.kill(); p.join(3)
         for q in self.jobs + self.results:
             try: q.cancel_join_thread(); q.close()
@@ -190,7 +199,8 @@ class _Actor:
         if self.version < 0:
             got = w.poll(-1); self.version = got[0]; load_state_into(self.model, got[1])
         res, self.version, st = rollout_groups(self.model, self.codec, self.spec, jobs, w, self.version, self.gen)
-        return [('group', self.wid, j['group_id'], [t.to_dict() for t in ts], st) for j, ts in res]
+        return [('group', self.wid, j['group_id'], [t.to_dict() for t in ts], {**st, 'first_of_batch': i == 0})
+                for i, (j, ts) in enumerate(res)]
 
 # %% ../nbs/7_rl/02_rl_transport.ipynb #c012
 class RayTransport:

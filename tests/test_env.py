@@ -453,3 +453,32 @@ def test_hidden_host_paths_stay_hidden_in_forks_and_restored_sandboxes(repo, tmp
             assert out[3] and not out[3].startswith('raise') and ('Permission denied' in out[4] or 'Read-only' in out[4]), out
             if box is not s: box.close()
     assert f.read_text().startswith('"""Conversion functions') and (d / '__init__.py').exists()   # the host is untouched
+
+
+@needs_bwrap
+def test_sixteen_concurrent_environments_all_succeed(tmp_path):
+    "16 environments at once, each a few commands (a Python start, a write and read, a listing): every command succeeds."
+    (tmp_path / 'm.py').write_text('X = 1\n')
+    def episode(sb, i):
+        for cmd in ('python -c "import m; print(m.X)"', f'echo {i} > out.txt && cat out.txt', 'ls'):
+            r = sb.run(cmd)
+            assert r.ok, (i, cmd, r.exit_code, r.stderr[-500:])
+        return sb.read_file('out.txt').strip()
+    pool = SandboxPool(max_concurrency=16, retries=0)
+    res = pool.run(episode, [PoolJob(tmp_path, i) for i in range(16)])
+    assert [r.error for r in res if not r.ok] == [] and not pool.failures
+    assert [r.value for r in res] == [str(i) for i in range(16)]
+
+
+@needs_bwrap
+def test_wait_for_exit_returns_at_exit_or_at_the_timeout(tmp_path):
+    "`_wait_exit` (pidfd) returns as the command ends, and reports a timeout without waiting for the command."
+    from composer2.env import _wait_exit
+    p = subprocess.Popen(['sleep', '0.05']); t = time.monotonic()
+    assert _wait_exit(p, 5) is False and p.returncode == 0 and time.monotonic() - t < 1
+    p = subprocess.Popen(['sleep', '5']); t = time.monotonic()
+    assert _wait_exit(p, 0.2) is True and p.poll() is None and time.monotonic() - t < 1
+    p.kill(); p.wait()
+    with Sandbox(tmp_path) as sb:
+        r = sb.run('sleep 5', timeout=0.3)
+        assert r.timed_out and r.exit_code == 124 and r.duration < 3

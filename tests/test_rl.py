@@ -446,3 +446,30 @@ def test_expected_best_of_matches_brute_force_and_pass_at_k():
     with pytest.raises(R.ConfigError, match='best-of-0 needs'): R.expected_best_of([1.0], 0)
     cv = R.best_of_k_curve([[0.0, 1.0, 0.0, 0.0]] * 3, [[0.0, 0.0, 0.0, 0.0]] * 3, 4)
     assert list(cv) == ['1', '2', '4'] and cv['4']['difference']['diff'] == -1.0 and cv['2']['a'] == 0.5
+
+
+def test_padded_rollout_steps_never_overflow_the_kv_cache(setup):
+    """Rows near the context limit are fed in the same padded step as other rows' long observations or summary
+    requests; the cache holds the longest padded step (`max_feed`), so no batch fails with 'KV cache overflow'
+    (these settings overflowed a cache sized to the generation limit alone)."""
+    tok, codec, model = setup
+    rc = R.RolloutConfig(max_new_tokens=8, max_turns=12, context_budget=160, summary_trigger=1.0, summary_max_tokens=8,
+                         max_segments=4, env_threads=1, dtype='float32')
+    for seed in range(2):
+        envs = [R.ToyEnv(turns=12, obs_words=w, seed=seed + i) for i, w in enumerate([3, 20, 40, 60, 200, 7])]
+        eps, _ = R.rollout_batch(model, codec, envs, rc, None, 0, torch.Generator().manual_seed(seed))
+        assert len(eps) == 6 and sum(e['n_summaries'] for e in eps) > 0      # the long rows did summarise
+        assert all(len(s.ids) <= rc.context_budget + 64 + R.max_feed(rc) for e in eps for s in e['segments'])
+
+
+def test_validation_draw_is_disjoint_from_heldout_and_training_tasks(tmp_path):
+    "The validation tasks (settings are chosen on them) share no task with the held-out verdict set nor the training split."
+    from composer2.rl_eval import EvalRLConfig, heldout_jobs, validation_jobs
+    from composer2.curriculum_gen import make_tasks
+    cfg = EvalRLConfig(n_heldout=6, heldout_file='', task_seed=2, n_validation=6, validation_seed=3, k=2)
+    held, _, _ = heldout_jobs(cfg, tmp_path)
+    val, source = validation_jobs(cfg, held)
+    hid, vid = {j['task'].id for j in held}, {j['task'].id for j in val}
+    assert len(vid) == 6 and not hid & vid and 'seed=3' in source
+    assert not vid & {t.id for t in make_tasks(24, 1, split='train')}     # the training split (rl.task_seed 1)
+    with pytest.raises(Exception, match='validation_seed'): EvalRLConfig(task_seed=3, validation_seed=3)

@@ -22,14 +22,27 @@ from ..train import load_model, train
 __all__ = ['evaluate_heldout', 'write_episodes', 'run']
 
 # %% ../../nbs/8_stages/10_agent_sft.ipynb #c006
-def evaluate_heldout(model, tok, held: list, cfg: AgentSFTConfig) -> tuple[dict, list]:
+def evaluate_heldout(model, tok, held: list, cfg: AgentSFTConfig, live_path=None) -> tuple[dict, list]:
     "Sampled and greedy held-out success of `model` as an agent, and the (mode, episode) pairs."
     metrics, eps = {}, []
+    live = None
+    if live_path is not None:
+        from dvclive import Live
+        live = Live(str(live_path), dvcyaml=None, save_dvc_exp=False, report=None)
+    def logger(name):       # running success rate and mean reward over the tasks done so far (x = tasks done)
+        def log(done):
+            if live is None: return
+            s = success_stats(done); live.step = len(done)
+            live.log_metric(f'{name}/success_rate', s['success_rate']); live.log_metric(f'{name}/mean_reward', s['mean_reward'])
+        return log
     for k in range(cfg.eval_samples):
-        eps += rollout(model, tok, held, cfg.temperature, cfg.max_turns, cfg.max_new_tokens, cfg.seed + k, cfg.backend)
+        eps += rollout(model, tok, held, cfg.temperature, cfg.max_turns, cfg.max_new_tokens, cfg.seed + k, cfg.backend,
+                       desc=f'agent_sft held-out (sample {k + 1})', on_batch=logger(f'sampled{k + 1}'))
     if eps: metrics['heldout_sampled'] = {'temperature': cfg.temperature, 'samples_per_task': cfg.eval_samples, **success_stats(eps)}
-    greedy = rollout(model, tok, held, 0.0, cfg.max_turns, cfg.max_new_tokens, cfg.seed, cfg.backend) if cfg.eval_greedy else []
+    greedy = rollout(model, tok, held, 0.0, cfg.max_turns, cfg.max_new_tokens, cfg.seed, cfg.backend,
+                     desc='agent_sft held-out (greedy)', on_batch=logger('greedy')) if cfg.eval_greedy else []
     if greedy: metrics['heldout_greedy'] = success_stats(greedy)
+    if live is not None: live.end()
     return metrics, [('sampled', e) for e in eps] + [('greedy', e) for e in greedy]
 
 def write_episodes(path, episodes: list) -> None:
@@ -68,7 +81,7 @@ def run(params: str = 'params.yaml') -> dict:
                    train_tokens_per_s=hist['tokens_per_s'], train_s=hist['wall_s'], epochs=cfg.train.steps * cfg.train.batch_size / len(train_ex),
                    eval_curve=hist['eval'])
     t3 = time.time()
-    ev, episodes = evaluate_heldout(model, tok, held, cfg)
+    ev, episodes = evaluate_heldout(model, tok, held, cfg, Path(live_dir('agent_sft')) / 'heldout_eval')
     metrics.update(ev)
     metrics['eval_s'] = time.time() - t3
     write_episodes(out / 'heldout_episodes.jsonl', episodes)

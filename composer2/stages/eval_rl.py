@@ -12,9 +12,9 @@ import torch
 from ..config import load_section, write_resolved
 from ..tokenizer import Tokenizer
 from ..rl_loss import measure_mismatch
-from ..rl_eval import (EvalRLConfig, heldout_jobs, _eval_ckpt, heldout_summary, paired_difference, best_of_k_curve,
+from ..rl_eval import (EvalRLConfig, heldout_jobs, validation_jobs, _eval_ckpt, heldout_summary, paired_difference, best_of_k_curve,
                                _real_bench)
-from . import write_metrics
+from . import write_metrics, live_dir
 
 # %% auto #0
 __all__ = ['verdict', 'run']
@@ -52,11 +52,24 @@ def run(params: str = 'params.yaml') -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer.load(root / cfg.tokenizer)
     jobs, source, fac = heldout_jobs(cfg, root)
+    from dvclive import Live
+    live = Live(str(root / live_dir('eval_rl')), dvcyaml=None, save_dvc_exp=False, report=None)
+    ckpts = (('agent_sft', cfg.sft_ckpt), ('rl', cfg.rl_ckpt))
+    val = {}
+    if cfg.n_validation:        # the draw settings are chosen on: reported apart, never part of the verdict
+        vjobs, vsource = validation_jobs(cfg, jobs)
+        vs = {n: heldout_summary(_eval_ckpt(root / p, tok, vjobs, fac, cfg.rollout, cfg.groups_per_batch, cfg.seed, cfg.threads,
+                                            cfg.paired_noise, f'validation/{n}', live)[0]) for n, p in ckpts}
+        val = {'n': len(vjobs), 'seed': cfg.validation_seed, 'source': vsource,
+               'reward': {n: {'mean': s['mean'], 'stderr': s['stderr']} for n, s in vs.items()},
+               'resolved': {n: s['resolved'] for n, s in vs.items()},
+               'difference': paired_difference(vs['agent_sft']['per_task_mean'], vs['rl']['per_task_mean'])}
     res, summ, models = {}, {}, {}
-    for name, p in (('agent_sft', cfg.sft_ckpt), ('rl', cfg.rl_ckpt)):
+    for name, p in ckpts:
         res[name], models[name] = _eval_ckpt(root / p, tok, jobs, fac, cfg.rollout, cfg.groups_per_batch, cfg.seed, cfg.threads,
-                                             cfg.paired_noise)
+                                             cfg.paired_noise, f'heldout/{name}', live)
         summ[name] = heldout_summary(res[name])
+    live.end()
     groups = [ts for _, ts in res['rl']][:16]          # 16 groups of fresh RL rollouts are plenty of tokens
     mm = measure_mismatch(models['rl'], groups, 0)
     diff = paired_difference(summ['agent_sft']['per_task_mean'], summ['rl']['per_task_mean'])
@@ -79,5 +92,5 @@ def run(params: str = 'params.yaml') -> dict:
          'resolved': {n: s['resolved'] for n, s in summ.items()},
          'resolved_by_category': {n: s['resolved_by_category'] for n, s in summ.items()},
          'gen_tokens_mean': {n: s['gen_tokens_mean'] for n, s in summ.items()},
-         'bench': bench, 'seconds': round(time.time() - t0, 1)}
+         'bench': bench, 'task_seed': cfg.task_seed, 'validation': val, 'seconds': round(time.time() - t0, 1)}
     return write_metrics('rl', m, t0)
