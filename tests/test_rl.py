@@ -156,7 +156,13 @@ def test_killed_rollout_worker_restarts_and_nothing_half_counted(setup, tmp_path
 def _trainer_proc(out, tok_json):
     torch.set_num_threads(1)
     _, _, model = R.tiny_setup(seed=0)
-    R.run_rl(_cfg(steps=6, backend='sync'), model, tok_json, JOBS, R.toy_env_factory, out)
+    seen = []
+    def kill_mid_step(kind, info, tr):
+        # SIGKILL (no cleanup) once step 3's rollouts are under way: step 2's checkpoint is the last one on disk.
+        if kind == 'step': seen.append(info['step'])
+        if seen and seen[-1] == 2 and kind != 'step': os.kill(os.getpid(), signal.SIGKILL)
+        if seen and seen[-1] == 3: os.kill(os.getpid(), signal.SIGKILL)   # a loop that reports no events between steps
+    R.run_rl(_cfg(steps=6, backend='sync'), model, tok_json, JOBS, R.toy_env_factory, out, on_event=kill_mid_step)
 
 
 @pytest.mark.slow
@@ -164,16 +170,12 @@ def test_killed_trainer_resumes_at_same_data_position(setup, tmp_path):
     tok, codec, model = setup
     ctx = pymp.get_context('spawn')
     p = ctx.Process(target=_trainer_proc, args=(str(tmp_path), tok.hf.to_str())); p.start()
-    t0 = time.time()
-    while time.time() - t0 < 240:
-        try:
-            if R.read_meta(tmp_path / 'ckpt')['step'] >= 2: break
-        except Exception: pass
-        time.sleep(0.2)
-    os.kill(p.pid, signal.SIGKILL); p.join(10)
+    p.join(240)
+    if p.is_alive(): p.kill(); p.join(10)
+    assert p.exitcode == -signal.SIGKILL                                 # it died by the kill, not by finishing
     meta = R.read_meta(tmp_path / 'ckpt')
     saved, sstate = meta['step'], meta['sampler']
-    assert 2 <= saved < 6
+    assert saved in (2, 3)
     seen = []
     h = R.run_rl(_cfg(steps=6, backend='sync'), R.tiny_setup(seed=0)[2], tok.hf.to_str(), JOBS, R.toy_env_factory, tmp_path,
                  on_event=lambda k, info, tr: seen.append(info['step']) if k == 'step' else None)
