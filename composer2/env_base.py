@@ -329,8 +329,9 @@ def _sandbox_exec() -> str | None:
     "Host path of the compiled `programs/sandbox_exec.c` (built once into the sandbox directory), or None without a C compiler."
     if 'exec' not in _support:
         path = None
-        if os.environ.get('COMPOSER2_SANDBOX_EXEC', '1') != '0' and (cc := shutil.which('cc') or shutil.which('gcc')):
-            src = _program_source('sandbox_exec.c')
+        src_path = repo_root() / 'programs' / 'sandbox_exec.c'
+        if os.environ.get('COMPOSER2_SANDBOX_EXEC', '1') != '0' and src_path.exists() and (cc := shutil.which('cc') or shutil.which('gcc')):
+            src = src_path.read_text()
             out = base_dir() / 'bin' / f"sandbox_exec-{hashlib.sha256(src.encode()).hexdigest()[:16]}"
             if not out.exists():
                 out.parent.mkdir(exist_ok=True); os.chmod(out.parent, 0o755)
