@@ -323,9 +323,30 @@ def _mask_args(hide) -> list[str]:
     return a
 
 # %% ../nbs/6_harness/02_env_base.ipynb #c021
+_EXEC_INNER = '/.sandbox_exec'   # where the helper is bound inside the sandbox
+
+def _sandbox_exec() -> str | None:
+    "Host path of the compiled `programs/sandbox_exec.c` (built once into the sandbox directory), or None without a C compiler."
+    if 'exec' not in _support:
+        path = None
+        src_path = repo_root() / 'programs' / 'sandbox_exec.c'
+        if os.environ.get('COMPOSER2_SANDBOX_EXEC', '1') != '0' and src_path.exists() and (cc := shutil.which('cc') or shutil.which('gcc')):
+            src = src_path.read_text()
+            out = base_dir() / 'bin' / f"sandbox_exec-{hashlib.sha256(src.encode()).hexdigest()[:16]}"
+            if not out.exists():
+                out.parent.mkdir(exist_ok=True); os.chmod(out.parent, 0o755)
+                c = out.parent / f".src-{os.getpid()}-{threading.get_ident()}.c"; c.write_text(src); tmp = c.with_suffix('.bin')
+                for static in (['-static'], []):   # a static binary starts faster (no dynamic loader)
+                    if subprocess.run([cc, '-O2', *static, '-o', str(tmp), str(c)], capture_output=True).returncode == 0: break
+                c.unlink()
+                if tmp.exists(): os.chmod(tmp, 0o755); os.replace(tmp, out)
+            path = str(out) if out.exists() else None
+        _support['exec'] = path
+    return _support['exec']
+
 def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool, hide=()) -> list[str]:
-    "The full argv: bwrap (namespaces, mounts) -> setpriv (uid) -> unshare (user ns) -> prlimit -> sh -c."
-    root = _is_root()
+    "The full argv: bwrap (namespaces, mounts) -> sandbox_exec (uid, user ns, limits: one exec) -> sh -c."
+    root, helper = _is_root(), _sandbox_exec()
     a = ['bwrap', '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
          '--die-with-parent', '--new-session', '--hostname', 'sandbox']
     if root: a += ['--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID']
@@ -335,12 +356,16 @@ def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, c
           '--perms', '1777', '--size', str(min(lim.tmp_mb, 64) << 20), '--tmpfs', '/dev/shm']
     if workspace is not None: a += ['--bind', str(workspace), INNER_ROOT]
     else: a += ['--dir', INNER_ROOT]
+    if helper: a += ['--ro-bind', helper, _EXEC_INNER]
     a += ['--chdir', cwd, '--remount-ro', '/', '--clearenv']
     for k, v in env.items(): a += ['--setenv', k, v]
+    cpu = max(1, int(round(lim.cpu_s)))
+    if helper:   # one small static exec instead of setpriv -> unshare -> prlimit
+        return a + [_EXEC_INNER, str(uid if root else -1), '1' if root and userns else '0', str(cpu), str(lim.mem_mb << 20),
+                    str(lim.nproc), str(lim.fsize_mb << 20), str(lim.nofile), '--', '/bin/sh', '-c', cmd]
     if root:
         a += ['setpriv', f'--reuid={uid}', f'--regid={uid}', '--clear-groups', '--no-new-privs', '--inh-caps=-all', '--']
         if userns: a += ['unshare', '--user', f'--map-user={uid}', f'--map-group={uid}', '--']
-    cpu = max(1, int(round(lim.cpu_s)))
     a += ['prlimit', f'--cpu={cpu}:{cpu + 2}', f'--as={lim.mem_mb << 20}', f'--nproc={lim.nproc}',
           f'--fsize={lim.fsize_mb << 20}', f'--nofile={lim.nofile}', '--core=0', '--', '/bin/sh', '-c', cmd]
     return a
@@ -358,8 +383,9 @@ def sandbox_support() -> tuple[bool, str]:
         ok, why = False, ''
         if not sys.platform.startswith('linux'): why = 'the sandbox needs Linux namespaces'
         elif not shutil.which('bwrap'): why = 'bubblewrap (bwrap) is not installed: apt-get install bubblewrap (make sysdeps)'
-        elif _is_root() and not (shutil.which('setpriv') and shutil.which('unshare')): why = 'setpriv/unshare (util-linux) missing'
-        elif not shutil.which('prlimit'): why = 'prlimit (util-linux) missing'
+        elif not _sandbox_exec() and _is_root() and not (shutil.which('setpriv') and shutil.which('unshare')):
+            why = 'no C compiler for programs/sandbox_exec.c and setpriv/unshare (util-linux) missing'
+        elif not _sandbox_exec() and not shutil.which('prlimit'): why = 'no C compiler for programs/sandbox_exec.c and prlimit (util-linux) missing'
         else:
             for userns in ([True, False] if _is_root() else [False]):
                 try:
