@@ -323,6 +323,7 @@ def _mask_args(hide) -> list[str]:
     return a
 
 # %% ../nbs/6_harness/02_env_base.ipynb #c021
+_READS = ('programs/sandbox_exec.c',)   # compiled once into the sandbox directory
 _EXEC_INNER = '/.sandbox_exec'   # where the helper is bound inside the sandbox
 
 def _sandbox_exec() -> str | None:
