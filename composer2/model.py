@@ -171,12 +171,11 @@ def attn_plan(cache, T: int, device):
     qpos = start[:, None] + torch.arange(T, device=device)[None, :]                          # [B, T]
     return None, L, (torch.arange(L, device=device)[None, None, :] <= qpos[:, :, None])[:, None], False   # [B, 1, T, L]
 
-def _fused(mod, names):
-    "The weights `names` of `mod` concatenated (inference only), kept until one of them is changed or moved."
-    ws = [getattr(mod, n).weight for n in names]
-    key = tuple((w.data_ptr(), w._version) for w in ws)
+def _fused(mod, ws, dim=0):
+    "The weights `ws` concatenated along `dim` (inference only), kept on `mod` until one of them is changed or moved."
+    key = tuple((w.data_ptr(), w._version) for w in ws) + (dim,)
     c = mod.__dict__.get('_fused_cache')
-    if c is None or c[0] != key: c = mod.__dict__['_fused_cache'] = (key, torch.cat(ws).detach())
+    if c is None or c[0] != key: c = mod.__dict__['_fused_cache'] = (key, torch.cat(ws, dim).detach())
     return c[1]
 
 class Attention(nn.Module):
@@ -191,7 +190,7 @@ class Attention(nn.Module):
         "`rope` (cos, sin) and `plan` (`attn_plan`) may be passed in, computed once for all layers."
         B, T, _ = x.shape; nh, nkv = self.nh, self.nkv
         if torch.is_grad_enabled(): qkv = torch.cat([self.wq(x), self.wk(x), self.wv(x)], -1)
-        else: qkv = F.linear(x, _fused(self, ('wq', 'wk', 'wv')))
+        else: qkv = F.linear(x, _fused(self, (self.wq.weight, self.wk.weight, self.wv.weight)))
         qkv = qkv.view(B, T, nh + 2 * nkv, self.hd)
         qk = rotate(qkv[:, :, :nh + nkv], *(rope or rope_tables(pos, inv_freq, mscale)))   # q and k rotated at once
         q, k, v = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), qkv[:, :, nh + nkv:].transpose(1, 2)
@@ -320,21 +319,34 @@ class ModelOutput:
     hidden: Optional[torch.Tensor] = None   # final hidden states before the last norm [B, T, d] (for MTP heads)
     expert_counts: Optional[torch.Tensor] = None  # [n_moe_layers, E] tokens routed to each expert
 
+def _swiglu(x, w13, w2):
+    "SwiGLU with the gate and up projections fused into one weight [2h, d] (or a batch of them [E, 2h, d] via bmm)."
+    h1, h3 = (F.linear(x, w13) if w13.dim() == 2 else torch.bmm(x, w13.transpose(1, 2))).chunk(2, -1)
+    h = F.silu(h1) * h3
+    return F.linear(h, w2) if w2.dim() == 2 else torch.bmm(h, w2.transpose(1, 2))
+
 def moe_infer(moe, x, routes=None):
     """The MoE layer for inference (decoding, verification): the same `route`, experts and shared expert as `MoE.forward`,
-    without the balance statistics; a single token runs its k experts directly. Returns (out, routes [B, T, k])."""
+    without the balance statistics, and with w1|w3 fused. One token runs its k experts directly; up to 256 tokens
+    are packed into an [E, capacity, d] buffer (slot = rank of the token among those sent to its expert) for one bmm
+    per projection; more go through `dispatch`/`expert_ffn`/`combine`. Returns (out, routes [B, T, k])."""
     s, idx, gates = route(moe, x, routes)
-    B, T, d = x.shape
-    if B * T == 1:
-        xf, g, out = x.reshape(1, d), gates.reshape(-1).to(x.dtype), None
-        for j, e in enumerate(idx.reshape(-1).tolist()):
-            y = F.linear(F.silu(F.linear(xf, moe.w1[e])) * F.linear(xf, moe.w3[e]), moe.w2[e]) * g[j]
-            out = y if out is None else out + y
-        out = out.view(B, T, d)
+    (B, T, d), k, E = x.shape, idx.shape[-1], moe.cfg.n_experts
+    n, flat, w13 = B * T, idx.reshape(-1), _fused(moe, (moe.w1, moe.w3), 1)
+    g = gates.reshape(n, k).to(x.dtype)
+    if n == 1:
+        out = sum(_swiglu(x.reshape(1, d), w13[e], moe.w2[e]) * g[0, j] for j, e in enumerate(flat.tolist()))
+    elif n <= 256:
+        slot = (F.one_hot(flat, E).cumsum(0) - 1).gather(1, flat[:, None])[:, 0]
+        buf = x.new_zeros(E, int(slot.max()) + 1, d)
+        buf[flat, slot] = x.reshape(n, 1, d).expand(n, k, d).reshape(n * k, d)
+        out = (_swiglu(buf, w13, moe.w2)[flat, slot].view(n, k, d) * g[..., None]).sum(1)
     else:
-        xs, counts, order, tok = dispatch(x, idx, moe.cfg.n_experts)
+        xs, counts, order, tok = dispatch(x, idx, E)
         out = combine(expert_ffn(xs, moe.w1, moe.w3, moe.w2, counts), gates, order, tok, x)
-    if moe.shared is not None: out = out + moe.shared(x)
+    out = out.reshape(B, T, d)
+    if moe.shared is not None:
+        sh = moe.shared; out = out + _swiglu(x, _fused(sh, (sh.w1.weight, sh.w3.weight)), sh.w2.weight)
     return out, idx
 
 def _inputs(cfg, ids, cache, input_lens, positions):
