@@ -80,6 +80,8 @@ class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__(); self.eps = eps; self.weight = nn.Parameter(torch.ones(d))
     def forward(self, x):
+        if x.dtype == torch.float32 and not torch.is_grad_enabled():      # inference: one fused op, same values
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
@@ -171,11 +173,13 @@ def attn_plan(cache, T: int, device):
     qpos = start[:, None] + torch.arange(T, device=device)[None, :]                          # [B, T]
     return None, L, (torch.arange(L, device=device)[None, None, :] <= qpos[:, :, None])[:, None], False   # [B, 1, T, L]
 
-def _fused(mod, ws, dim=0):
-    "The weights `ws` concatenated along `dim` (inference only), kept on `mod` until one of them is changed or moved."
-    key = tuple((w.data_ptr(), w._version) for w in ws) + (dim,)
-    c = mod.__dict__.get('_fused_cache')
-    if c is None or c[0] != key: c = mod.__dict__['_fused_cache'] = (key, torch.cat(ws, dim).detach())
+def _wt(mod, name, ws, dim=0):
+    """Inference weights: `ws` concatenated along `dim` (output features) and stored transposed, [.., in, out] contiguous,
+    the layout CPU GEMMs of few rows read fastest (`x @ w`). Kept on `mod` until one of `ws` is changed or moved."""
+    key = tuple((w.data_ptr(), w._version) for w in ws)
+    c = mod.__dict__.get('_wt_' + name)
+    if c is None or c[0] != key:
+        c = mod.__dict__['_wt_' + name] = (key, torch.cat(ws, dim).detach().transpose(-1, -2).contiguous())
     return c[1]
 
 class Attention(nn.Module):
@@ -190,7 +194,7 @@ class Attention(nn.Module):
         "`rope` (cos, sin) and `plan` (`attn_plan`) may be passed in, computed once for all layers."
         B, T, _ = x.shape; nh, nkv = self.nh, self.nkv
         if torch.is_grad_enabled(): qkv = torch.cat([self.wq(x), self.wk(x), self.wv(x)], -1)
-        else: qkv = F.linear(x, _fused(self, (self.wq.weight, self.wk.weight, self.wv.weight)))
+        else: qkv = x @ _wt(self, 'qkv', (self.wq.weight, self.wk.weight, self.wv.weight))
         qkv = qkv.view(B, T, nh + 2 * nkv, self.hd)
         qk = rotate(qkv[:, :, :nh + nkv], *(rope or rope_tables(pos, inv_freq, mscale)))   # q and k rotated at once
         q, k, v = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), qkv[:, :, nh + nkv:].transpose(1, 2)
@@ -204,7 +208,8 @@ class Attention(nn.Module):
             kk, vv = cache.k[layer][:, :, :L], cache.v[layer][:, :, :L]
             o = F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype), attn_mask=mask, is_causal=causal,
                                                enable_gqa=nkv != nh)
-        return self.wo(o.transpose(1, 2).reshape(B, T, nh * self.hd))
+        o = o.transpose(1, 2).reshape(B, T, nh * self.hd)
+        return self.wo(o) if torch.is_grad_enabled() else o @ _wt(self, 'o', (self.wo.weight,))
 
 # %% ../nbs/3_model/00_model.ipynb #c016
 def _linear(x, w, precision='high'):
@@ -319,34 +324,33 @@ class ModelOutput:
     hidden: Optional[torch.Tensor] = None   # final hidden states before the last norm [B, T, d] (for MTP heads)
     expert_counts: Optional[torch.Tensor] = None  # [n_moe_layers, E] tokens routed to each expert
 
-def _swiglu(x, w13, w2):
-    "SwiGLU with the gate and up projections fused into one weight [2h, d] (or a batch of them [E, 2h, d] via bmm)."
-    h1, h3 = (F.linear(x, w13) if w13.dim() == 2 else torch.bmm(x, w13.transpose(1, 2))).chunk(2, -1)
-    h = F.silu(h1) * h3
-    return F.linear(h, w2) if w2.dim() == 2 else torch.bmm(h, w2.transpose(1, 2))
+def _swiglu(x, w13t, w2t):
+    "SwiGLU from `_wt` weights: gate|up fused [d, 2h] and down [h, d] (or batches of them, [E, ...], for bmm)."
+    h1, h3 = (x @ w13t).chunk(2, -1)
+    return (F.silu(h1) * h3) @ w2t
 
 def moe_infer(moe, x, routes=None):
     """The MoE layer for inference (decoding, verification): the same `route`, experts and shared expert as `MoE.forward`,
-    without the balance statistics, and with w1|w3 fused. One token runs its k experts directly; up to 256 tokens
+    without the balance statistics, from `_wt` weights (w1|w3 fused). One token runs its k experts directly; up to 256 tokens
     are packed into an [E, capacity, d] buffer (slot = rank of the token among those sent to its expert) for one bmm
     per projection; more go through `dispatch`/`expert_ffn`/`combine`. Returns (out, routes [B, T, k])."""
     s, idx, gates = route(moe, x, routes)
     (B, T, d), k, E = x.shape, idx.shape[-1], moe.cfg.n_experts
-    n, flat, w13 = B * T, idx.reshape(-1), _fused(moe, (moe.w1, moe.w3), 1)
+    n, flat, w13, w2 = B * T, idx.reshape(-1), _wt(moe, 'w13', (moe.w1, moe.w3), 1), _wt(moe, 'w2', (moe.w2,))
     g = gates.reshape(n, k).to(x.dtype)
     if n == 1:
-        out = sum(_swiglu(x.reshape(1, d), w13[e], moe.w2[e]) * g[0, j] for j, e in enumerate(flat.tolist()))
+        out = sum(_swiglu(x.reshape(1, d), w13[e], w2[e]) * g[0, j] for j, e in enumerate(flat.tolist()))
     elif n <= 256:
         slot = (F.one_hot(flat, E).cumsum(0) - 1).gather(1, flat[:, None])[:, 0]
         buf = x.new_zeros(E, int(slot.max()) + 1, d)
         buf[flat, slot] = x.reshape(n, 1, d).expand(n, k, d).reshape(n * k, d)
-        out = (_swiglu(buf, w13, moe.w2)[flat, slot].view(n, k, d) * g[..., None]).sum(1)
+        out = (_swiglu(buf, w13, w2)[flat, slot].view(n, k, d) * g[..., None]).sum(1)
     else:
         xs, counts, order, tok = dispatch(x, idx, E)
         out = combine(expert_ffn(xs, moe.w1, moe.w3, moe.w2, counts), gates, order, tok, x)
     out = out.reshape(B, T, d)
     if moe.shared is not None:
-        sh = moe.shared; out = out + _swiglu(x, _fused(sh, (sh.w1.weight, sh.w3.weight)), sh.w2.weight)
+        sh = moe.shared; out = out + _swiglu(x, _wt(sh, 'w13', (sh.w1.weight, sh.w3.weight)), _wt(sh, 'w2', (sh.w2.weight,)))
     return out, idx
 
 def _inputs(cfg, ids, cache, input_lens, positions):
@@ -431,7 +435,7 @@ class Transformer(nn.Module):
         if cache is not None: cache.advance(input_lens if input_lens is not None else T, common)
         hidden = x
         if logits_at is not None: x = x[torch.arange(B, device=dev), torch.as_tensor(logits_at, device=dev)][:, None]
-        logits = self.head(self.norm(x))
+        logits = self.head(self.norm(x)) if stats else self.norm(x) @ _wt(self, 'head', (self.head.weight,))
         out = ModelOutput(logits)
         if stats: out.aux_loss, out.expert_counts = aux / max(1, self.cfg.n_moe_layers), torch.stack(counts) if counts else None
         if return_routes and all_routes:
