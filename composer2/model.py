@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from .config import ConfigError, check
 
 # %% auto #0
-__all__ = ['RopeScaling', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'apply_rope', 'KVCache', 'Attention', 'DenseFFN', 'MoEStats',
-           'route', 'dispatch', 'expert_ffn', 'combine', 'balance_loss', 'MoE', 'ModelOutput', 'Block', 'Transformer',
-           'Generation', 'sample_next', 'generate']
+__all__ = ['RopeScaling', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'rope_tables', 'rotate', 'apply_rope', 'KVCache',
+           'attn_plan', 'Attention', 'DenseFFN', 'MoEStats', 'route', 'dispatch', 'expert_ffn', 'combine',
+           'balance_loss', 'MoE', 'ModelOutput', 'moe_infer', 'Block', 'Transformer', 'Generation', 'sample_next',
+           'generate']
 
 # %% ../nbs/3_model/00_model.ipynb #c006
 @dataclass
@@ -79,6 +80,8 @@ class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__(); self.eps = eps; self.weight = nn.Parameter(torch.ones(d))
     def forward(self, x):
+        if x.dtype == torch.float32 and not torch.is_grad_enabled():      # inference: one fused op, same values
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
@@ -92,12 +95,19 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> tuple[to
     inv = inv / scaling.factor * (1 - ramp) + inv * ramp
     return inv.float(), 0.1 * math.log(scaling.factor) + 1.0
 
-def apply_rope(x, pos, inv_freq, mscale: float = 1.0):
-    "Rotate `x` [B, H, T, D] by the angles of integer positions `pos` [B, T]."
-    ang = pos.to(inv_freq.device).float()[:, None, :, None] * inv_freq[None, None, None, :]
-    cos, sin = torch.cos(ang) * mscale, torch.sin(ang) * mscale
+def rope_tables(pos, inv_freq, mscale: float = 1.0):
+    "cos and sin [B, T, 1, D/2] (mscale folded in) of integer positions `pos` [B, T]; computed once per forward."
+    ang = pos.to(inv_freq.device).float()[:, :, None, None] * inv_freq
+    return torch.cos(ang) * mscale, torch.sin(ang) * mscale
+
+def rotate(x, cos, sin):
+    "Rotate `x` [B, T, H, D] by the tables of `rope_tables`."
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+def apply_rope(x, pos, inv_freq, mscale: float = 1.0):
+    "Rotate `x` [B, H, T, D] by the angles of integer positions `pos` [B, T]."
+    return rotate(x.transpose(1, 2), *rope_tables(pos, inv_freq, mscale)).transpose(1, 2)
 
 # %% ../nbs/3_model/00_model.ipynb #c012
 class KVCache:
@@ -106,16 +116,33 @@ class KVCache:
         self.k = [torch.zeros(batch, n_kv_heads, max_len, head_dim, device=device, dtype=dtype) for _ in range(n_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.max_len = max_len
+        self.max_len, self._uni = max_len, 0
+    @property
+    def lengths(self): return self._lengths
+    @lengths.setter
+    def lengths(self, v): self._lengths, self._uni = v, None     # the common length is recomputed on demand
+    def uniform(self) -> int | None:
+        "The length shared by every row, or None when rows differ (one device read per change of `lengths`)."
+        if self._uni is None:
+            lo, hi = torch.stack(torch.aminmax(self._lengths)).tolist() if self._lengths.numel() else (0, 0)
+            self._uni = lo if lo == hi else -1
+        return self._uni if self._uni >= 0 else None
+    def advance(self, n, common: int | None):
+        "Lengths += `n` (int or [B]); `common`: n as an int when it is the same for every row."
+        u = self.uniform() if common is not None else None
+        self.lengths = self._lengths + n
+        if u is not None: self._uni = u + common
     @classmethod
     def for_model(cls, model, batch, max_len=None, dtype=None):
         c = model.cfg; p = next(model.parameters())
         return cls(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim, p.device, dtype or p.dtype)
-    def write(self, layer, k, v, start):
-        "Write k/v [B, H, T, D] at per-row offsets `start` [B]."
+    def write(self, layer, k, v, start, s0: int | None = None):
+        "Write k/v [B, H, T, D] at per-row offsets `start` [B] (a slice copy when every row starts at the int `s0`)."
         B, H, T, D = k.shape
-        if int((start + T).max()) > self.max_len:
-            raise ValueError(f"KV cache overflow: {int((start + T).max())} positions > capacity {self.max_len}")
+        end = s0 + T if s0 is not None else int((start + T).max())
+        if end > self.max_len: raise ValueError(f"KV cache overflow: {end} positions > capacity {self.max_len}")
+        if s0 is not None:
+            self.k[layer][:, :, s0:end] = k; self.v[layer][:, :, s0:end] = v; return
         idx = (start[:, None] + torch.arange(T, device=k.device)[None, :])[:, None, :, None].expand(B, H, T, D)
         self.k[layer].scatter_(2, idx, k.to(self.k[layer].dtype)); self.v[layer].scatter_(2, idx, v.to(self.v[layer].dtype))
     def truncate(self, lengths):
@@ -132,6 +159,29 @@ class KVCache:
         c.k = [t.clone() for t in self.k]; c.v = [t.clone() for t in self.v]; c.lengths = self.lengths.clone(); return c
 
 # %% ../nbs/3_model/00_model.ipynb #c014
+def attn_plan(cache, T: int, device):
+    """How a cached forward of T new tokens attends, computed once per forward: (s0, L, mask, causal). `s0` is the common
+    start of all rows (None if they differ); keys 0..L-1 are read. One new token at a common start needs no mask, a
+    prefill from 0 is plain causal, otherwise query i of row b (position len_b + i) sees key j when j <= len_b + i."""
+    s0 = cache.uniform()
+    if s0 is not None:
+        L = s0 + T
+        if T == 1: return s0, L, None, False
+        if s0 == 0: return s0, L, None, True
+        return s0, L, torch.arange(L, device=device)[None, :] <= s0 + torch.arange(T, device=device)[:, None], False
+    start = cache.lengths; L = int((start + T).max())
+    qpos = start[:, None] + torch.arange(T, device=device)[None, :]                          # [B, T]
+    return None, L, (torch.arange(L, device=device)[None, None, :] <= qpos[:, :, None])[:, None], False   # [B, 1, T, L]
+
+def _wt(mod, name, ws, dim=0):
+    """Inference weights: `ws` concatenated along `dim` (output features) and stored transposed, [.., in, out] contiguous,
+    the layout CPU GEMMs of few rows read fastest (`x @ w`). Kept on `mod` until one of `ws` is changed or moved."""
+    key = tuple((w.data_ptr(), w._version) for w in ws)
+    c = mod.__dict__.get('_wt_' + name)
+    if c is None or c[0] != key:
+        c = mod.__dict__['_wt_' + name] = (key, torch.cat(ws, dim).detach().transpose(-1, -2).contiguous())
+    return c[1]
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -140,27 +190,26 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
-    def forward(self, x, pos, inv_freq, mscale, cache=None, layer=0, attn_fn=None):
-        B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.nh, self.hd).transpose(1, 2)
-        k = self.wk(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-        v = self.wv(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-        q, k = apply_rope(q, pos, inv_freq, mscale), apply_rope(k, pos, inv_freq, mscale)
+    def forward(self, x, pos, inv_freq, mscale, cache=None, layer=0, attn_fn=None, rope=None, plan=None):
+        "`rope` (cos, sin) and `plan` (`attn_plan`) may be passed in, computed once for all layers."
+        B, T, _ = x.shape; nh, nkv = self.nh, self.nkv
+        if torch.is_grad_enabled(): qkv = torch.cat([self.wq(x), self.wk(x), self.wv(x)], -1)
+        else: qkv = x @ _wt(self, 'qkv', (self.wq.weight, self.wk.weight, self.wv.weight))
+        qkv = qkv.view(B, T, nh + 2 * nkv, self.hd)
+        qk = rotate(qkv[:, :, :nh + nkv], *(rope or rope_tables(pos, inv_freq, mscale)))   # q and k rotated at once
+        q, k, v = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), qkv[:, :, nh + nkv:].transpose(1, 2)
         if attn_fn is not None:          # e.g. ring attention over a context-parallel group
             o = attn_fn(q, k, v)
         elif cache is None:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nkv != nh)
         else:
-            start = cache.lengths
-            cache.write(layer, k, v, start)
-            L = int((start + T).max())
+            s0, L, mask, causal = plan or attn_plan(cache, T, x.device)
+            cache.write(layer, k, v, cache.lengths, s0)
             kk, vv = cache.k[layer][:, :, :L], cache.v[layer][:, :, :L]
-            j = torch.arange(L, device=x.device)
-            qpos = start[:, None] + torch.arange(T, device=x.device)[None, :]            # [B, T]
-            mask = (j[None, None, :] <= qpos[:, :, None])[:, None]                        # [B, 1, T, L]
-            o = F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype), attn_mask=mask,
-                                               enable_gqa=self.nkv != self.nh)
-        return self.wo(o.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+            o = F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype), attn_mask=mask, is_causal=causal,
+                                               enable_gqa=nkv != nh)
+        o = o.transpose(1, 2).reshape(B, T, nh * self.hd)
+        return self.wo(o) if torch.is_grad_enabled() else o @ _wt(self, 'o', (self.wo.weight,))
 
 # %% ../nbs/3_model/00_model.ipynb #c016
 def _linear(x, w, precision='high'):
@@ -269,11 +318,53 @@ class MoE(nn.Module):
 # %% ../nbs/3_model/00_model.ipynb #c021
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor                    # [B, T, V]
+    logits: torch.Tensor                    # [B, T, V] (or [B, 1, V] with `logits_at`)
     routes: Optional[torch.Tensor] = None   # [n_moe_layers, B, T, top_k] (int64; -1 at padded positions)
     aux_loss: Optional[torch.Tensor] = None
     hidden: Optional[torch.Tensor] = None   # final hidden states before the last norm [B, T, d] (for MTP heads)
     expert_counts: Optional[torch.Tensor] = None  # [n_moe_layers, E] tokens routed to each expert
+
+def _swiglu(x, w13t, w2t):
+    "SwiGLU from `_wt` weights: gate|up fused [d, 2h] and down [h, d] (or batches of them, [E, ...], for bmm)."
+    h1, h3 = (x @ w13t).chunk(2, -1)
+    return (F.silu(h1) * h3) @ w2t
+
+def moe_infer(moe, x, routes=None):
+    """The MoE layer for inference (decoding, verification): the same `route`, experts and shared expert as `MoE.forward`,
+    without the balance statistics, from `_wt` weights (w1|w3 fused). One token runs its k experts directly; up to 256 tokens
+    are packed into an [E, capacity, d] buffer (slot = rank of the token among those sent to its expert) for one bmm
+    per projection; more go through `dispatch`/`expert_ffn`/`combine`. Returns (out, routes [B, T, k])."""
+    s, idx, gates = route(moe, x, routes)
+    (B, T, d), k, E = x.shape, idx.shape[-1], moe.cfg.n_experts
+    n, flat, w13, w2 = B * T, idx.reshape(-1), _wt(moe, 'w13', (moe.w1, moe.w3), 1), _wt(moe, 'w2', (moe.w2,))
+    g = gates.reshape(n, k).to(x.dtype)
+    if n == 1:
+        out = sum(_swiglu(x.reshape(1, d), w13[e], w2[e]) * g[0, j] for j, e in enumerate(flat.tolist()))
+    elif n <= 256:
+        slot = (F.one_hot(flat, E).cumsum(0) - 1).gather(1, flat[:, None])[:, 0]
+        buf = x.new_zeros(E, int(slot.max()) + 1, d)
+        buf[flat, slot] = x.reshape(n, 1, d).expand(n, k, d).reshape(n * k, d)
+        out = (_swiglu(buf, w13, w2)[flat, slot].view(n, k, d) * g[..., None]).sum(1)
+    else:
+        xs, counts, order, tok = dispatch(x, idx, E)
+        out = combine(expert_ffn(xs, moe.w1, moe.w3, moe.w2, counts), gates, order, tok, x)
+    out = out.reshape(B, T, d)
+    if moe.shared is not None:
+        sh = moe.shared; out = out + _swiglu(x, _wt(sh, 'w13', (sh.w1.weight, sh.w3.weight)), _wt(sh, 'w2', (sh.w2.weight,)))
+    return out, idx
+
+def _inputs(cfg, ids, cache, input_lens, positions):
+    "Checks `ids` and returns the positions [B, T], the real-token mask (or None) and the common real length (or None)."
+    B, T = ids.shape; dev = ids.device
+    if ids.numel():
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+        if lo < 0 or hi >= cfg.vocab_size: raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}); got range [{lo}, {hi}]")
+    start = cache.lengths if cache is not None else torch.zeros(B, dtype=torch.long, device=dev)
+    pos = positions if positions is not None else start[:, None] + torch.arange(T, device=dev)[None, :]
+    if input_lens is None: return pos, None, T
+    input_lens = torch.as_tensor(input_lens, device=dev, dtype=torch.long)
+    lo, hi = torch.stack(torch.aminmax(input_lens)).tolist() if B else (0, 0)
+    return pos, torch.arange(T, device=dev)[None, :] < input_lens[:, None], (lo if lo == hi else None)
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, moe: bool):
@@ -282,10 +373,13 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ffn = MoE(cfg) if moe else DenseFFN(cfg.d_model, cfg.d_dense, cfg.precision)
         self.is_moe = moe
-    def forward(self, x, pos, inv_freq, mscale, cache=None, layer=0, routes=None, valid=None, attn_fn=None):
-        x = x + self.attn(self.attn_norm(x), pos, inv_freq, mscale, cache, layer, attn_fn)
+    def forward(self, x, pos, inv_freq, mscale, cache=None, layer=0, routes=None, valid=None, attn_fn=None,
+                rope=None, plan=None, stats=True):
+        "`stats=False` (inference, precision 'high'): `moe_infer`, and the second result is the routes alone."
+        x = x + self.attn(self.attn_norm(x), pos, inv_freq, mscale, cache, layer, attn_fn, rope, plan)
         if self.is_moe:
-            h, st = self.ffn(self.ffn_norm(x), routes, valid)
+            if not stats: h, st = moe_infer(self.ffn, self.ffn_norm(x), routes)
+            else: h, st = self.ffn(self.ffn_norm(x), routes, valid)
             return x + h, st
         return x + self.ffn(self.ffn_norm(x)), None
 
@@ -315,36 +409,35 @@ class Transformer(nn.Module):
         self.inv_freq = inv.to(self.inv_freq.device)
 
     def forward(self, ids, routes=None, return_routes=False, cache: KVCache | None = None, input_lens=None,
-                positions=None, return_hidden=False, attn_fn=None) -> ModelOutput:
+                positions=None, return_hidden=False, attn_fn=None, stats=True, logits_at=None) -> ModelOutput:
         """`ids` [B, T]. `routes` [n_moe_layers, B, T, k] forces expert choices. With `cache`, the tokens continue each
-        row from its cached length; `input_lens` [B] says how many of the T tokens are real (the rest is padding)."""
-        B, T = ids.shape
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}); got range [{int(ids.min())}, {int(ids.max())}]")
-        dev = ids.device
-        start = cache.lengths if cache is not None else torch.zeros(B, dtype=torch.long, device=dev)
-        pos = positions if positions is not None else start[:, None] + torch.arange(T, device=dev)[None, :]
-        valid = None
-        if input_lens is not None:
-            input_lens = torch.as_tensor(input_lens, device=dev, dtype=torch.long)
-            valid = torch.arange(T, device=dev)[None, :] < input_lens[:, None]
+        row from its cached length; `input_lens` [B] says how many of the T tokens are real (the rest is padding).
+        `stats=False` skips the MoE balance statistics (no aux_loss / expert_counts; the fast path for decoding, used
+        without autograd); `logits_at` [B] computes logits only at that position of each row ([B, 1, V])."""
+        B, T = ids.shape; dev = ids.device
+        pos, valid, common = _inputs(self.cfg, ids, cache, input_lens, positions)
+        if input_lens is not None: input_lens = torch.as_tensor(input_lens, device=dev, dtype=torch.long)
         if routes is not None and routes.shape[0] != self.cfg.n_moe_layers:
             raise ValueError(f"routes cover {routes.shape[0]} MoE layers, the model has {self.cfg.n_moe_layers}")
+        stats = stats or torch.is_grad_enabled() or self.cfg.precision != 'high'
+        rope = rope_tables(pos, self.inv_freq, self.mscale)                       # shared by every layer
+        plan = attn_plan(cache, T, dev) if cache is not None and attn_fn is None else None
         x = self.embed(ids)
         all_routes, counts, aux = [], [], x.new_zeros((), dtype=torch.float32)
         mi = 0
         for i, layer in enumerate(self.layers):
             r = routes[mi] if (routes is not None and layer.is_moe) else None
-            x, st = layer(x, pos, self.inv_freq, self.mscale, cache, i, r, valid, attn_fn)
+            x, st = layer(x, pos, self.inv_freq, self.mscale, cache, i, r, valid, attn_fn, rope, plan, stats)
             if st is not None:
-                aux = aux + st.aux_loss; counts.append(st.counts)
-                if return_routes: all_routes.append(st.routes)
+                if stats: aux = aux + st.aux_loss; counts.append(st.counts)
+                if return_routes: all_routes.append(st.routes if stats else st)
                 mi += 1
-        if cache is not None:
-            cache.lengths = cache.lengths + (input_lens if input_lens is not None else T)
+        if cache is not None: cache.advance(input_lens if input_lens is not None else T, common)
         hidden = x
-        logits = self.head(self.norm(x))
-        out = ModelOutput(logits, aux_loss=aux / max(1, self.cfg.n_moe_layers), expert_counts=torch.stack(counts) if counts else None)
+        if logits_at is not None: x = x[torch.arange(B, device=dev), torch.as_tensor(logits_at, device=dev)][:, None]
+        logits = self.head(self.norm(x)) if stats else self.norm(x) @ _wt(self, 'head', (self.head.weight,))
+        out = ModelOutput(logits)
+        if stats: out.aux_loss, out.expert_counts = aux / max(1, self.cfg.n_moe_layers), torch.stack(counts) if counts else None
         if return_routes and all_routes:
             rt = torch.stack(all_routes)
             if valid is not None: rt = rt.masked_fill(~valid[None, :, :, None], -1)   # padded positions carry no route
@@ -395,35 +488,36 @@ def sample_next(logits, temperature=1.0, top_p=1.0, generator=None):
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.0, top_p=1.0, eos_id=None,
              generator=None, return_routes=False, cache_dtype=None, stop_ids=()) -> Generation:
-    "Batched KV-cached decoding of `prompts` (lists of token ids, any lengths)."
+    """Batched KV-cached decoding of `prompts` (lists of token ids, any lengths). Tokens stay on the device during the
+    loop (stop checks are vectorised; one read per step only when there are stop ids) and move to lists once at the end."""
     if not prompts or any(len(p) == 0 for p in prompts): raise ValueError("generate needs non-empty prompts")
     dev, B = next(model.parameters()).device, len(prompts)
-    lens = torch.tensor([len(p) for p in prompts], device=dev)
-    cap = int(lens.max()) + max_new_tokens
-    cache = KVCache.for_model(model, B, cap, cache_dtype)
-    ids = torch.zeros(B, int(lens.max()), dtype=torch.long, device=dev)
-    for i, p in enumerate(prompts): ids[i, :len(p)] = torch.tensor(p, device=dev)
-    out = model(ids, cache=cache, input_lens=lens, return_routes=return_routes)
-    last = out.logits[torch.arange(B, device=dev), lens - 1]
-    toks, lps = [[] for _ in range(B)], [[] for _ in range(B)]
-    rts = [[out.routes[:, i, :int(lens[i])]] for i in range(B)] if return_routes else None
+    ln = [len(p) for p in prompts]; P = max(ln)
+    lens = torch.tensor(ln, device=dev)
+    cache = KVCache.for_model(model, B, P + max_new_tokens, cache_dtype)
+    ids = torch.tensor([p + [0] * (P - len(p)) for p in prompts], device=dev)
+    out = model(ids, cache=cache, input_lens=lens, return_routes=return_routes, stats=False, logits_at=lens - 1)
+    prompt_routes, last = out.routes, out.logits[:, 0]
+    stops = sorted(set(stop_ids) | ({eos_id} if eos_id is not None else set()))
+    stop_t = torch.tensor(stops, device=dev) if stops else None
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    stops = set(stop_ids) | ({eos_id} if eos_id is not None else set())
+    st_tok, st_lp, st_rt = [], [], []
     for step in range(max_new_tokens):
         tok, lp = sample_next(last, temperature, top_p, generator)
-        fresh = ~done
-        for i in range(B):
-            if fresh[i]:
-                toks[i].append(int(tok[i])); lps[i].append(float(lp[i]))
-                if int(tok[i]) in stops: done[i] = True
-        final = bool(done.all()) or step == max_new_tokens - 1
+        st_tok.append(tok); st_lp.append(lp)
+        if stop_t is not None: done = done | torch.isin(tok, stop_t)
+        final = step == max_new_tokens - 1 or (stop_t is not None and bool(done.all()))
         if final and not return_routes: break
-        out = model(tok[:, None], cache=cache, return_routes=return_routes)   # also gives the new token's routes
-        if return_routes:
-            for i in range(B):
-                if fresh[i]: rts[i].append(out.routes[:, i])
+        out = model(tok[:, None], cache=cache, return_routes=return_routes, stats=False)  # also the new token's routes
+        if return_routes: st_rt.append(out.routes[:, :, 0])
         if final: break
         last = out.logits[:, -1]
+    toks, lps = torch.stack(st_tok, 1).tolist(), torch.stack(st_lp, 1).tolist()
+    for i in range(B):                  # a row keeps its tokens up to and including its first stop
+        n = next((j + 1 for j, t in enumerate(toks[i]) if t in stops), len(toks[i])) if stops else len(toks[i])
+        toks[i], lps[i] = toks[i][:n], lps[i][:n]
     g = Generation(toks, lps)
-    if return_routes: g.routes = [torch.cat(r, 1).to(torch.uint8) for r in rts]
+    if return_routes:
+        rt = torch.stack(st_rt, 2).to(torch.uint8)                          # [L, B, steps, k]
+        g.routes = [torch.cat([prompt_routes[:, i, :ln[i]].to(torch.uint8), rt[:, i, :len(toks[i])]], 1) for i in range(B)]
     return g

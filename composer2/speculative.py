@@ -120,10 +120,10 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
     seq = torch.zeros(B, cap + K + 2, dtype=torch.long, device=dev)      # decided tokens (and drafts) by position
     hid = torch.zeros(B, cap, c_.d_model, device=dev, dtype=dt)          # main hidden state by position
     for i, p in enumerate(prompts): seq[i, :len(p)] = torch.tensor(p, device=dev)
-    out = model(seq[:, :int(lens.max())], cache=cache, input_lens=lens, return_hidden=True)
+    out = model(seq[:, :int(lens.max())], cache=cache, input_lens=lens, return_hidden=True, stats=False, logits_at=lens - 1)
     hid[:, :int(lens.max())] = out.hidden
     ar = torch.arange(B, device=dev)
-    tok, _ = sample_next(out.logits[ar, lens - 1], temperature, top_p, generator)
+    tok, _ = sample_next(out.logits[:, 0], temperature, top_p, generator)
     N, c = lens.clone(), torch.zeros(B, dtype=torch.long, device=dev)
     seq[ar, N] = tok
     stops = set(stop_ids) | ({eos_id} if eos_id is not None else set())
@@ -145,7 +145,7 @@ def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[i
         drafts, qs = _draft(model, mtp, mc, seq, hid, c, N, K, cap, temperature, top_p, generator)
         # 2. verify with one main forward over [s_N, d_1..d_K]
         vin = seq.gather(1, N[:, None] + torch.arange(K + 1, device=dev)[None, :])
-        out = model(vin, cache=cache, return_hidden=True)
+        out = model(vin, cache=cache, return_hidden=True, stats=False)   # no balance statistics: verification only
         pos = N[:, None] + torch.arange(K + 1, device=dev)[None, :]
         hid.scatter_(1, pos[..., None].expand(b, K + 1, c_.d_model), out.hidden)
         if temperature <= 0: n, nxt = verify_greedy(out.logits, drafts)
