@@ -301,9 +301,10 @@ class TokenPolicy(Policy):
         ids = torch.zeros(len(live), max(len(f) for f in feeds), dtype=torch.long)
         for j, f in enumerate(feeds): ids[j, :len(f)] = torch.tensor(f)
         lens = torch.tensor([len(f) for f in feeds])
-        out = self.model(ids, cache=self.cache, input_lens=lens, return_routes=True)
+        # the inference path: no balance statistics, logits only at each row's last fed token
+        out = self.model(ids, cache=self.cache, input_lens=lens, return_routes=True, stats=False, logits_at=lens - 1)
         rts = out.routes.to(torch.uint8).numpy() if out.routes is not None else np.zeros((0, len(live), ids.shape[1], k), np.uint8)
-        last = out.logits[torch.arange(len(live)), lens - 1]
+        last = out.logits[:, 0]
         if isinstance(self.generator, list): tok, lp = sample_coupled(last, cfg.temperature, cfg.top_p, [self.generator[i] for i in live])
         else: tok, lp = _sample_row(last, cfg, self.generator)
         ended = []
