@@ -3,7 +3,7 @@ combine) against HF transformers' `Qwen2MoeSparseMoeBlock` (pinned in the venv) 
 run: d_model 128, experts of 256, one shared expert of 256, 4096 tokens, 2 threads, forward + backward of `out.sum()`
 (grads of the input and all weights). HF runs with both of its experts backends ('eager': a loop over the hit experts;
 'grouped_mm': sorted rows + `torch._grouped_mm`) and the faster one is the baseline. Each time is the best of
-`--repeat` runs (best-of-N: the machine is shared and noisy). Prints, per size, ours vs HF and the ratio HF/ours
+`--repeat` runs, the contenders interleaved (best-of-N: the machine is shared and noisy). Prints, per size, ours vs HF and the ratio HF/ours
 (>1: ours is faster). `python benchmarks/bench_moe.py [--repeat N] [--tokens T]`."""
 import argparse, sys
 import torch
@@ -36,7 +36,10 @@ for E, k in [(8, 2), (32, 4), (64, 8)]:
         def go(): f(xx).sum().backward()
         return go
     fns = {'ours': run(lambda xx: moe(xx)[0]), **{f'hf_{i}': run(b) for i, b in hf.items()}}
-    t = {n: best_time(f, repeat=a.repeat) for n, f in fns.items()}
+    t = {n: float('inf') for n in fns}
+    for f in fns.values(): f()                                   # warm-up
+    for _ in range(a.repeat):                                    # interleaved: a noisy stretch hits every contender
+        for n, f in fns.items(): t[n] = min(t[n], best_time(f, repeat=1, warmup=0))
     hf_best = min(t['hf_eager'], t['hf_grouped_mm']); hf_name = 'eager' if t['hf_eager'] <= t['hf_grouped_mm'] else 'grouped_mm'
     print(f"E={E} top-{k}, {a.tokens} tokens, fwd+bwd, best of {a.repeat}: ours {t['ours']*1e3:.1f} ms | "
           f"HF eager {t['hf_eager']*1e3:.1f} ms | HF grouped_mm {t['hf_grouped_mm']*1e3:.1f} ms")
