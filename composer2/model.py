@@ -200,11 +200,11 @@ class _SwiGLUExperts(torch.autograd.Function):
             if not n:
                 dw13[e].zero_(); dw2[e].zero_(); continue
             h1, h3, g = h13[o:o + n, :h], h13[o:o + n, h:], gy[o:o + n]
-            sg = torch.sigmoid(h1); act = h1 * sg                      # silu(h1)
+            act = F.silu(h1)
             torch.mm(g.t(), act * h3, out=dw2[e])
             da, dh = torch.mm(g, w2[e]), xs.new_empty(n, 2 * h)
             torch.mul(da, act, out=dh[:, h:])                          # d h3 = da * silu(h1)
-            torch.mul(da.mul_(h3), sg.mul_(1 + h1 * (1 - sg)), out=dh[:, :h])   # d h1 = da * h3 * silu'(h1)
+            torch.ops.aten.silu_backward.grad_input(da.mul_(h3), h1, grad_input=dh[:, :h])   # d h1 = da * h3 * silu'(h1)
             torch.mm(dh.t(), xs[o:o + n], out=dw13[e]); torch.mm(dh, w13[e], out=dx[o:o + n])
             o += n
         return dx, dw13, dw2, None
