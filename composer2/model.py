@@ -177,6 +177,10 @@ def _grouped(x_sorted, w, counts, precision='high'):
     offs = torch.as_tensor(counts, device=x_sorted.device).cumsum(0).to(torch.int32)
     return F.grouped_mm(x_sorted, w.transpose(-2, -1), offs=offs)
 
+def _fused_ok(x, precision):
+    "`_SwiGLUExperts` serves high-precision CPU tensors outside autocast (elsewhere: grouped_mm / lowp / F.linear)."
+    return precision == 'high' and x.device.type == 'cpu' and not torch.is_autocast_enabled('cpu')
+
 class _SwiGLUExperts(torch.autograd.Function):
     """The SwiGLU experts, one expert at a time over its rows `c[e]` of the sorted `xs`: gate/up GEMM with `w13[e]`,
     activation, down GEMM with `w2[e]`, each expert's intermediates staying in cache. Saves only [N, 2h] pre-activations;
@@ -276,7 +280,7 @@ def dispatch(x, idx, n_experts: int):
 def expert_ffn(xs, w13, w2, counts, precision='high'):
     """The SwiGLU experts on rows sorted by expert (`counts[e]` rows for expert e): gate and up projections in one
     grouped GEMM with the fused weight `w13` [E, 2h, d] (w1 rows then w3 rows), then the down projection `w2` [E, d, h]."""
-    if precision == 'high' and xs.device.type == 'cpu':       # the per-expert fused loop: ~1.3-1.6x grouped_mm's autograd
+    if _fused_ok(xs, precision):                               # the per-expert fused loop: ~1.3-1.6x grouped_mm's autograd
         return _SwiGLUExperts.apply(xs, w13, w2, torch.as_tensor(counts).tolist())
     h13 = _grouped(xs, w13, counts, precision); h = w2.shape[-1]
     return _grouped(F.silu(h13[:, :h]) * h13[:, h:], w2, counts, precision)
