@@ -305,15 +305,6 @@ def balance_loss(s, idx, valid=None):
     return counts, E * (counts / (n * k) * prob).sum()
 
 # %% ../nbs/3_model/00_model.ipynb #c018
-def _few_rows(x, idx, gates, w13, w2):
-    "The experts for few (token, slot) pairs: gather each pair's expert weights and run batched mat-vecs (no sort)."
-    k, d, h = idx.shape[-1], x.shape[-1], w2.shape[-1]
-    flat = idx.reshape(-1)
-    xr = x.reshape(-1, 1, d).expand(-1, k, d).reshape(-1, d, 1)                  # [N*k, d, 1]
-    h13 = torch.bmm(w13.index_select(0, flat), xr)[..., 0]                      # [N*k, 2h]
-    y = torch.bmm(w2.index_select(0, flat), (F.silu(h13[:, :h]) * h13[:, h:])[..., None])[..., 0]
-    return torch.bmm(gates.reshape(-1, 1, k).to(y.dtype), y.view(-1, k, d)).view(x.shape)
-
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -338,11 +329,8 @@ class MoE(nn.Module):
     def forward(self, x, routes=None, valid=None):
         "x [B, T, d]; `routes` [B, T, k] forces expert choices; `valid` [B, T] marks real (unpadded) tokens."
         s, idx, gates = route(self, x, routes)
-        if self.cfg.precision == 'high' and idx.numel() <= self.cfg.n_experts:
-            out = _few_rows(x, idx, gates, self.w13, self.w2)
-        else:
-            xs, counts, order, tok = dispatch(x, idx, self.cfg.n_experts)
-            out = combine(expert_ffn(xs, self.w13, self.w2, counts, self.cfg.precision), gates, order, x)
+        xs, counts, order, tok = dispatch(x, idx, self.cfg.n_experts)
+        out = combine(expert_ffn(xs, self.w13, self.w2, counts, self.cfg.precision), gates, order, x)
         if self.shared is not None: out = out + self.shared(x)
         return out, MoEStats(idx, *balance_loss(s, idx, valid))
 

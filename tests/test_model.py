@@ -101,7 +101,7 @@ def _per_expert_loop(moe, x, idx, gates):
         out.index_add_(0, t, (F.silu(xe @ w1[e].t()) * (xe @ w3[e].t())) @ w2[e].t() * gates.reshape(-1, k)[t, j, None].double())
     return out.view(x.shape)
 
-@pytest.mark.parametrize('E,k,n', [(8, 2, 300), (16, 4, 257), (6, 3, 2), (4, 2, 1)])   # also decode-sized (few-row path)
+@pytest.mark.parametrize("E,k,n", [(8, 2, 300), (16, 4, 257), (6, 3, 2), (4, 2, 1)])   # also decode-sized
 def test_grouped_dispatch_equals_per_expert_loop(E, k, n):
     torch.manual_seed(E + n); cfg = tiny_cfg(n_experts=E, top_k=k, n_shared_experts=0); moe = MoE(cfg)
     x = torch.randn(1, n, cfg.d_model)
@@ -127,8 +127,8 @@ def test_grouped_path_gradients_equal_per_expert_loop():
     for a, b in [(x.grad, x2.grad), (moe.w13.grad, w13.grad), (moe.w2.grad, w2.grad)]:
         torch.testing.assert_close(a.double(), b, atol=1e-6, rtol=1e-4)
 
-@pytest.mark.parametrize('T', [1, 2, 33])          # 1, 2: few-row path; 33: grouped path
-def test_forced_routes_bit_exact_on_each_path(T):
+@pytest.mark.parametrize("T", [1, 2, 33])          # decode-sized and prefill-sized batches
+def test_forced_routes_bit_exact_small_and_large_batches(T):
     m = model(); ids = torch.randint(0, 97, (1, T))
     out = m(ids, return_routes=True)
     assert torch.equal(m(ids, routes=out.routes).logits, out.logits)
