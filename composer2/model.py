@@ -291,7 +291,7 @@ def combine(ys, gates, order, x):
     inv = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
     k = gates.shape[-1]
     y = _Permute.apply(ys, inv, order).view(-1, k, ys.shape[-1])
-    return torch.bmm(gates.reshape(-1, 1, k).to(ys.dtype), y).view(x.shape)
+    return (y * gates.reshape(-1, k, 1).to(ys.dtype)).sum(1).view(x.shape)   # (not bmm: a loop over tiny matrices on CPU)
 
 def balance_loss(s, idx, valid=None):
     """Switch-style balance loss over real tokens, E * sum_e (fraction routed to e) * (mean router prob of e), from the
