@@ -71,7 +71,7 @@ def ep_rank(rank, world, a):
         model.zero_grad(set_to_none=True)
         lg = model(mine).logits
         (F.cross_entropy(lg[:, :-1].reshape(-1, 4096), mine[:, 1:].reshape(-1)) / world).backward()
-        experts = {id(p) for l in model.layers if l.is_moe for p in (l.ffn.w1, l.ffn.w2, l.ffn.w3)} if world > 1 else set()
+        experts = {id(p) for l in model.layers if l.is_moe for p in (l.ffn.w13, l.ffn.w2)} if world > 1 else set()
         allreduce_grads([p for p in model.parameters() if id(p) not in experts], None, 'sum')
     return dict(seconds=_timed(step, a.steps))
 

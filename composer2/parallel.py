@@ -328,7 +328,7 @@ class EPMoE(nn.Module):
         sl = slice(self.e0, self.e0 + self.n_local)
         self.router = _clone(moe.router)
         self.register_buffer('router_bias', moe.router_bias.detach().clone())
-        self.w1 = nn.Parameter(moe.w1.detach()[sl].clone()); self.w3 = nn.Parameter(moe.w3.detach()[sl].clone())
+        self.w13 = nn.Parameter(moe.w13.detach()[sl].clone())     # fused gate/up weights [El, 2h, d]
         self.w2 = nn.Parameter(moe.w2.detach()[sl].clone())
         self.shared = _clone(moe.shared)
 
@@ -348,9 +348,9 @@ class EPMoE(nn.Module):
             xe, lc = xr[o2], cin.view(W, El).sum(0)
         else:
             xe, lc = xs, counts
-        y = expert_ffn(xe, self.w1, self.w3, self.w2, lc, cfg.precision)
+        y = expert_ffn(xe, self.w13, self.w2, lc, cfg.precision)
         if W > 1: y = all_to_all(y[inv], send, recv, self.group)           # combine: outputs go home
-        out = combine(y, gates, order, tok, x)
+        out = combine(y, gates, order, x)
         if self.shared is not None: out = out + self.shared(x)
         return out, MoEStats(idx, *balance_loss(s, idx, valid))
 
@@ -516,7 +516,7 @@ def init_parallel(dims: ParallelDims, cfg=None, device_mesh: bool = False, devic
 # %% ../nbs/4_parallel/00_parallel.ipynb #c039
 def reduce_grads(model: nn.Module, mesh: ParallelMesh):
     "Average/sum gradients over the mesh: experts over `edp`, everything else over `dp_cp`; then divide by dp."
-    expert = {id(p) for m in model.modules() if isinstance(m, EPMoE) for p in (m.w1, m.w2, m.w3)}
+    expert = {id(p) for m in model.modules() if isinstance(m, EPMoE) for p in (m.w13, m.w2)}
     dense = [p for p in model.parameters() if id(p) not in expert]
     experts = [p for p in model.parameters() if id(p) in expert]
     allreduce_grads(dense, mesh.dp_cp_group, 'sum'); allreduce_grads(experts, mesh.edp_group, 'sum')

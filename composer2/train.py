@@ -138,11 +138,23 @@ def autocast_ctx(cfg: TrainConfig, device: torch.device):
     use = cfg.precision == 'bf16' or (cfg.precision == 'auto' and device.type == 'cuda' and torch.cuda.is_bf16_supported())
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use)
 
+class _MaskedCE(torch.autograd.Function):
+    """sum_i m_i (logsumexp(z_i) - z_i[y_i]) in one read of the logits z [N, V]; the backward writes the one [N, V]
+    gradient, m_i (softmax(z_i) - onehot(y_i)), in place (no log-softmax copy kept between forward and backward)."""
+    @staticmethod
+    def forward(ctx, z, y, m):
+        lse = torch.logsumexp(z, -1)
+        ctx.save_for_backward(z, lse, y, m)
+        return ((lse - z.gather(1, y[:, None])[:, 0]) * m).sum()
+    @staticmethod
+    def backward(ctx, g):
+        z, lse, y, m = ctx.saved_tensors; gm = (g * m)[:, None]
+        return torch.sub(z, lse[:, None]).exp_().mul_(gm).scatter_add_(1, y[:, None], -gm), None, None
+
 def masked_ce(logits, y, mask) -> tuple[torch.Tensor, torch.Tensor]:
-    "Sum of token cross-entropies where `mask` is 1, and the number of such tokens."
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction='none')
-    m = mask.reshape(-1).float()
-    return (ce * m).sum(), m.sum()
+    "Sum of token cross-entropies where `mask` is 1 (and the target is not -100), and the number of such tokens."
+    y = y.reshape(-1); m = mask.reshape(-1).float() * (y != -100)
+    return _MaskedCE.apply(logits.float().reshape(-1, logits.shape[-1]), y.clamp_min(0), m), m.sum()
 
 @torch.no_grad()
 def perplexity(model, stream: np.ndarray, seq_len: int, n_windows: int = 16, batch: int = 4, device=None) -> float:
@@ -161,12 +173,16 @@ def perplexity(model, stream: np.ndarray, seq_len: int, n_windows: int = 16, bat
     return math.exp(tot / cnt)
 
 # %% ../nbs/5_train/00_train.ipynb #c015
+def _fusable(model) -> bool:
+    "The fused AdamW kernel (one pass over every parameter group) exists for CPU and CUDA floating-point parameters."
+    return all(p.device.type in ('cpu', 'cuda') and p.is_floating_point() for p in model.parameters())
+
 def make_optimizer(model, cfg: TrainConfig):
     "AdamW (no decay on embeddings and 1-D parameters) and its warmup-cosine `LambdaLR` schedule."
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and 'embed' not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and 'embed' not in n)]
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
-                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=_fusable(model))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
 
 def _resume(model, opt, sched, ckpt: Path, stage: str, cfg: TrainConfig, device, history: dict) -> tuple[int, dict]:

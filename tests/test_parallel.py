@@ -53,7 +53,7 @@ def _ep(rank, W):
     e = slice(ep.e0, ep.e0 + ep.n_local)
     allreduce_grads([ep.router.weight] + list(ep.shared.parameters()), None, 'sum')
     return dict(out=(out - ref[sl]).abs().max().item(), x=(xl.grad - xr.grad[sl]).abs().max().item(),
-                experts=max((getattr(ep, w).grad - getattr(moe, w).grad[e]).abs().max().item() for w in ('w1', 'w2', 'w3')),
+                experts=max((getattr(ep, w).grad - getattr(moe, w).grad[e]).abs().max().item() for w in ('w13', 'w2')),
                 router=(ep.router.weight.grad - moe.router.weight.grad).abs().max().item(),
                 shared=max((a.grad - b.grad).abs().max().item() for a, b in zip(ep.shared.parameters(), moe.shared.parameters())),
                 routes=bool(torch.equal(st2.routes, st.routes[sl])), n_local=ep.n_local)
