@@ -1,4 +1,4 @@
-"""Greedy KV-cached decoding (`composer2.model.generate`) against HF transformers' `generate` on a same-shaped
+"""Greedy KV-cached decoding (`composer2.decoding.generate`) against HF transformers' `generate` on a same-shaped
 Qwen2MoeForCausalLM holding the SAME weights, measured in one run (best of repeats), 2 threads.
 
     python benchmarks/bench_decode.py [--batches 1,32] [--prompt 64] [--new 64] [--reps 5] [--threads 2]
@@ -11,7 +11,8 @@ import torch
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
 from _common import best_time
 from composer2.config import load_section, repo_root
-from composer2.model import ModelConfig, Transformer, generate
+from composer2.model import ModelConfig, Transformer
+from composer2.decoding import generate
 
 
 def to_hf(m):

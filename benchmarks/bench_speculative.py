@@ -3,7 +3,7 @@
     python benchmarks/bench_speculative.py                       # data/mtp/ckpt if present, else a synthetic toy model
     python benchmarks/bench_speculative.py --ckpt data/mtp/ckpt --stream data/tokens/heldout.bin --draft-len 1
 
-Every figure is printed as a ratio to plain `composer2.model.generate` measured in the same process, on the same
+Every figure is printed as a ratio to plain `composer2.decoding.generate` measured in the same process, on the same
 prompts; the greedy outputs are checked to be identical.
 """
 import argparse, json, sys, tempfile, time

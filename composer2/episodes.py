@@ -196,7 +196,7 @@ class GeneratePolicy(Policy):
         self.stop_ids, self.asst = (tok.token_id(END), tok.token_id(EOS)), tok.encode('<|assistant|>')
     def start(self, envs, observations): self.envs, self.msgs, self.ntok = envs, list(observations), [0] * len(envs)
     def advance(self, live):
-        from composer2.model import generate
+        from composer2.decoding import generate
         out, idx, prompts = [], [], []
         for i in live:
             ids = encode_chat(self.tok, self.msgs[i])[0] + self.asst

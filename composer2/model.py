@@ -17,8 +17,7 @@ from .config import ConfigError, check
 # %% auto #0
 __all__ = ['RopeScaling', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'rope_tables', 'rotate', 'apply_rope', 'KVCache',
            'attn_plan', 'Attention', 'DenseFFN', 'MoEStats', 'route', 'dispatch', 'expert_ffn', 'combine',
-           'balance_loss', 'MoE', 'ModelOutput', 'moe_infer', 'Block', 'Transformer', 'Generation', 'sample_next',
-           'generate']
+           'balance_loss', 'MoE', 'ModelOutput', 'moe_infer', 'Block', 'Transformer']
 
 # %% ../nbs/3_model/00_model.ipynb #c006
 @dataclass
@@ -409,7 +408,7 @@ def moe_infer(moe, x, routes=None):
     per projection; more go through `dispatch`/`expert_ffn`/`combine`. Returns (out, routes [B, T, k])."""
     s, idx, gates = route(moe, x, routes)
     (B, T, d), k, E = x.shape, idx.shape[-1], moe.cfg.n_experts
-    n, flat, w13, w2 = B * T, idx.reshape(-1), _wt(moe, 'w13', (moe.w1, moe.w3), 1), _wt(moe, 'w2', (moe.w2,))
+    n, flat, w13, w2 = B * T, idx.reshape(-1), _wt(moe, 'w13', (moe.w13,)), _wt(moe, 'w2', (moe.w2,))
     g = gates.reshape(n, k).to(x.dtype)
     if n == 1:
         out = sum(_swiglu(x.reshape(1, d), w13[e], w2[e]) * g[0, j] for j, e in enumerate(flat.tolist()))
@@ -420,7 +419,7 @@ def moe_infer(moe, x, routes=None):
         out = (_swiglu(buf, w13, w2)[flat, slot].view(n, k, d) * g[..., None]).sum(1)
     else:
         xs, counts, order, tok = dispatch(x, idx, E)
-        out = combine(expert_ffn(xs, moe.w1, moe.w3, moe.w2, counts), gates, order, tok, x)
+        out = combine(expert_ffn(xs, moe.w13, moe.w2, counts), gates, order, x)
     out = out.reshape(B, T, d)
     if moe.shared is not None:
         sh = moe.shared; out = out + _swiglu(x, _wt(sh, 'w13', (sh.w1.weight, sh.w3.weight)), _wt(sh, 'w2', (sh.w2.weight,)))
@@ -534,63 +533,3 @@ class Transformer(nn.Module):
             per_expert = 3 * c.d_model * c.d_expert
             n -= c.n_moe_layers * (c.n_experts - c.top_k) * per_expert
         return n
-
-# %% ../nbs/3_model/00_model.ipynb #c026
-@dataclass
-class Generation:
-    tokens: list[list[int]]        # new tokens per row (up to and including eos)
-    logprobs: list[list[float]]    # log p(token) under softmax(logits / T) (T=1 for greedy)
-    routes: Optional[list[torch.Tensor]] = None   # per row: [n_moe_layers, prompt_len + n_new, k] uint8 routes of every token
-
-def sample_next(logits, temperature=1.0, top_p=1.0, generator=None):
-    "Pick a token from logits [B, V]; returns (tokens [B], logprobs [B]) with logprobs of softmax(logits / T)."
-    logits = logits.float()
-    if temperature <= 0:
-        tok = logits.argmax(-1)
-        return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-    lp = (logits / temperature).log_softmax(-1)
-    probs = lp.exp()
-    if top_p < 1.0:
-        sp, si = probs.sort(-1, descending=True)
-        keep = sp.cumsum(-1) - sp < top_p
-        sp = sp * keep
-        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-    tok = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=generator)[:, 0]
-    return tok, lp.gather(-1, tok[:, None])[:, 0]
-
-@torch.no_grad()
-def generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.0, top_p=1.0, eos_id=None,
-             generator=None, return_routes=False, cache_dtype=None, stop_ids=()) -> Generation:
-    """Batched KV-cached decoding of `prompts` (lists of token ids, any lengths). Tokens stay on the device during the
-    loop (stop checks are vectorised; one read per step only when there are stop ids) and move to lists once at the end."""
-    if not prompts or any(len(p) == 0 for p in prompts): raise ValueError("generate needs non-empty prompts")
-    dev, B = next(model.parameters()).device, len(prompts)
-    ln = [len(p) for p in prompts]; P = max(ln)
-    lens = torch.tensor(ln, device=dev)
-    cache = KVCache.for_model(model, B, P + max_new_tokens, cache_dtype)
-    ids = torch.tensor([p + [0] * (P - len(p)) for p in prompts], device=dev)
-    out = model(ids, cache=cache, input_lens=lens, return_routes=return_routes, stats=False, logits_at=lens - 1)
-    prompt_routes, last = out.routes, out.logits[:, 0]
-    stops = sorted(set(stop_ids) | ({eos_id} if eos_id is not None else set()))
-    stop_t = torch.tensor(stops, device=dev) if stops else None
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    st_tok, st_lp, st_rt = [], [], []
-    for step in range(max_new_tokens):
-        tok, lp = sample_next(last, temperature, top_p, generator)
-        st_tok.append(tok); st_lp.append(lp)
-        if stop_t is not None: done = done | torch.isin(tok, stop_t)
-        final = step == max_new_tokens - 1 or (stop_t is not None and bool(done.all()))
-        if final and not return_routes: break
-        out = model(tok[:, None], cache=cache, return_routes=return_routes, stats=False)  # also the new token's routes
-        if return_routes: st_rt.append(out.routes[:, :, 0])
-        if final: break
-        last = out.logits[:, -1]
-    toks, lps = torch.stack(st_tok, 1).tolist(), torch.stack(st_lp, 1).tolist()
-    for i in range(B):                  # a row keeps its tokens up to and including its first stop
-        n = next((j + 1 for j, t in enumerate(toks[i]) if t in stops), len(toks[i])) if stops else len(toks[i])
-        toks[i], lps[i] = toks[i][:n], lps[i][:n]
-    g = Generation(toks, lps)
-    if return_routes:
-        rt = torch.stack(st_rt, 2).to(torch.uint8)                          # [L, B, steps, k]
-        g.routes = [torch.cat([prompt_routes[:, i, :ln[i]].to(torch.uint8), rt[:, i, :len(toks[i])]], 1) for i in range(B)]
-    return g

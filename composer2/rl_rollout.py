@@ -14,7 +14,8 @@ import torch
 from .chat import (Message, render, render_turn, END, EOS, ROLE_TOKENS, SUMMARY_OPEN, SUMMARY_CLOSE)
 from .config import check, from_dict
 from .episodes import AgentEnv, Policy, SYSTEM_SHORT, run_episodes
-from .model import Transformer, ModelConfig, KVCache, sample_next
+from .model import Transformer, ModelConfig, KVCache
+from .decoding import sample_next
 
 # %% auto #0
 __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv', 'toy_env_factory', 'HarnessEnv',

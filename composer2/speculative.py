@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from .model import KVCache, Transformer, generate, sample_next
+from .model import KVCache, Transformer
+from .decoding import generate, sample_next
 from .mtp import MTPHeads
 
 # %% auto #0

@@ -2,7 +2,8 @@
 import pytest, torch
 import torch.nn.functional as F
 from conftest import tiny_cfg
-from composer2.model import KVCache, MoE, Transformer, generate
+from composer2.model import KVCache, MoE, Transformer
+from composer2.decoding import generate
 
 def model(**kw):
     torch.manual_seed(0); return Transformer(tiny_cfg(**kw)).eval()
