@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .model import KVCache
+from .model import KVCache, frozen_weights
 
 # %% auto #0
 __all__ = ['Generation', 'sample_next', 'generate']
@@ -37,11 +37,17 @@ def sample_next(logits, temperature=1.0, top_p=1.0, generator=None):
     tok = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=generator)[:, 0]
     return tok, lp.gather(-1, tok[:, None])[:, 0]
 
-@torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.0, top_p=1.0, eos_id=None,
              generator=None, return_routes=False, cache_dtype=None, stop_ids=()) -> Generation:
     """Batched KV-cached decoding of `prompts` (lists of token ids, any lengths). Tokens stay on the device during the
     loop (stop checks are vectorised; one read per step only when there are stop ids) and move to lists once at the end."""
+    with frozen_weights(model):
+        return _generate(model, prompts, max_new_tokens, temperature, top_p, eos_id, generator, return_routes,
+                         cache_dtype, stop_ids)
+
+@torch.no_grad()
+def _generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.0, top_p=1.0, eos_id=None,
+             generator=None, return_routes=False, cache_dtype=None, stop_ids=()) -> Generation:
     if not prompts or any(len(p) == 0 for p in prompts): raise ValueError("generate needs non-empty prompts")
     dev, B = next(model.parameters()).device, len(prompts)
     ln = [len(p) for p in prompts]; P = max(ln)

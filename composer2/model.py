@@ -4,7 +4,7 @@
 
 # %% ../nbs/3_model/00_model.ipynb #c003
 from __future__ import annotations
-import math, os
+import contextlib, math, os
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -16,8 +16,8 @@ from .config import ConfigError, check
 
 # %% auto #0
 __all__ = ['RopeScaling', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'rope_tables', 'rotate', 'apply_rope', 'KVCache',
-           'attn_plan', 'Attention', 'DenseFFN', 'MoEStats', 'route', 'dispatch', 'expert_ffn', 'combine',
-           'balance_loss', 'MoE', 'ModelOutput', 'moe_infer', 'Block', 'Transformer']
+           'attn_plan', 'frozen_weights', 'Attention', 'DenseFFN', 'MoEStats', 'route', 'dispatch', 'expert_ffn',
+           'combine', 'balance_loss', 'MoE', 'ModelOutput', 'moe_infer', 'Block', 'Transformer']
 
 # %% ../nbs/3_model/00_model.ipynb #c006
 @dataclass
@@ -172,14 +172,34 @@ def attn_plan(cache, T: int, device):
     qpos = start[:, None] + torch.arange(T, device=device)[None, :]                          # [B, T]
     return None, L, (torch.arange(L, device=device)[None, None, :] <= qpos[:, :, None])[:, None], False   # [B, 1, T, L]
 
+_FROZEN = {}   # id(module) -> depth of open `frozen_weights` scopes over it
+
 def _wt(mod, name, ws, dim=0):
-    """Inference weights: `ws` concatenated along `dim` (output features) and stored transposed, [.., in, out] contiguous,
-    the layout CPU GEMMs of few rows read fastest (`x @ w`). Kept on `mod` until one of `ws` is changed or moved."""
+    """Inference weights: `ws` concatenated along `dim` (output features), transposed to [.., in, out]. Inside a
+    `frozen_weights` scope they are stored contiguous, the layout CPU GEMMs of few rows read fastest, and rebuilt when
+    one of `ws` is moved or changed in place (its version counter); outside one they are rebuilt on every call."""
+    if not _FROZEN.get(id(mod)):
+        return (torch.cat(ws, dim) if len(ws) > 1 else ws[0]).detach().transpose(-1, -2)
     key = tuple((w.data_ptr(), w._version) for w in ws)
     c = mod.__dict__.get('_wt_' + name)
     if c is None or c[0] != key:
         c = mod.__dict__['_wt_' + name] = (key, torch.cat(ws, dim).detach().transpose(-1, -2).contiguous())
     return c[1]
+
+@contextlib.contextmanager
+def frozen_weights(model: nn.Module):
+    """Decode with cached inference weights: for the scope's length the weights change only through in-place ops that
+    bump their version counters (a `copy_` of new weights does; fused optimizers such as `AdamW(fused=True)` do not,
+    so no optimizer step may run inside). The cached copies are dropped when the outermost scope closes."""
+    mods = list(model.modules())
+    for m in mods: _FROZEN[id(m)] = _FROZEN.get(id(m), 0) + 1
+    try: yield model
+    finally:
+        for m in mods:
+            _FROZEN[id(m)] -= 1
+            if not _FROZEN[id(m)]:
+                del _FROZEN[id(m)]
+                for k in [k for k in m.__dict__ if k.startswith('_wt_')]: del m.__dict__[k]
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):

@@ -14,7 +14,7 @@ import torch
 from .chat import (Message, render, render_turn, END, EOS, ROLE_TOKENS, SUMMARY_OPEN, SUMMARY_CLOSE)
 from .config import check, from_dict
 from .episodes import AgentEnv, Policy, SYSTEM_SHORT, run_episodes
-from .model import Transformer, ModelConfig, KVCache
+from .model import Transformer, ModelConfig, KVCache, frozen_weights
 from .decoding import sample_next
 
 # %% auto #0
@@ -338,7 +338,8 @@ def rollout_batch(model, codec: ChatCodec, envs: list, cfg: RolloutConfig, weigh
     if isinstance(generator, list) and len(generator) != len(envs):
         raise ValueError(f'rollout_batch: {len(generator)} generators for {len(envs)} episodes (one per episode, or one shared)')
     pol = TokenPolicy(model, codec, cfg, weights, version, generator, on_step)
-    comps = run_episodes(envs, pol, cfg.env_threads)
+    with frozen_weights(model):                  # cached inference weights; in-flight loads bump their versions
+        comps = run_episodes(envs, pol, cfg.env_threads)
     return [{'segments': r.segments, 'components': c, 'turns': r.turns, 'n_summaries': r.summaries,
              'summaries': r.summary_texts} for r, c in zip(pol.rows, comps)], pol.version
 

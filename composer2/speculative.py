@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from .model import KVCache, Transformer
+from .model import KVCache, Transformer, frozen_weights
 from .decoding import generate, sample_next
 from .mtp import MTPHeads
 
@@ -99,13 +99,20 @@ def _draft(model, mtp, mc, seq, hid, c, N, K, cap, temperature, top_p, generator
     return torch.stack(drafts, 1), qs
 
 # %% ../nbs/5_train/05_speculative.ipynb #c016
-@torch.no_grad()
 def speculative_generate(model: Transformer, mtp: MTPHeads, prompts: list[list[int]], max_new_tokens: int = 32,
                          draft_len: int | None = None, temperature: float = 0.0, top_p: float = 1.0, eos_id=None,
                          generator=None, stop_ids=(), trace: bool = False) -> SpecGeneration:
     """Speculative decoding of `prompts` with MTP drafts of `draft_len` (default: all D depths) tokens per verify step.
     `temperature` 0 is greedy (output identical to `generate`); > 0 samples exactly from the same distribution.
     `trace` records, per row and verify step, the position N of the pending token, the drafts and how many were accepted."""
+    with frozen_weights(model):
+        return _speculative(model, mtp, prompts, max_new_tokens, draft_len, temperature, top_p, eos_id, generator,
+                            stop_ids, trace)
+
+@torch.no_grad()
+def _speculative(model: Transformer, mtp: MTPHeads, prompts: list[list[int]], max_new_tokens: int = 32,
+                 draft_len: int | None = None, temperature: float = 0.0, top_p: float = 1.0, eos_id=None,
+                 generator=None, stop_ids=(), trace: bool = False) -> SpecGeneration:
     if not prompts or any(len(p) == 0 for p in prompts): raise ValueError("speculative_generate needs non-empty prompts")
     if max_new_tokens < 1: raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     K = draft_len or mtp.depth

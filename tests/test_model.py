@@ -156,3 +156,22 @@ def test_old_w1_w3_checkpoint_loads_to_identical_outputs():
     assert not any(n.endswith('w13') for n in old)
     m2 = Transformer(m.cfg).eval(); m2.load_state_dict(old, strict=True)
     assert torch.equal(m2(ids).logits, m(ids).logits)
+
+
+@pytest.mark.numerics
+def test_inference_path_follows_fused_optimizer_steps():
+    "The no-autograd path (transposed weights) must see every training step, also a fused AdamW's (no version bump)."
+    from composer2.model import ModelConfig, frozen_weights
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2, d_expert=16,
+                      max_seq_len=32)
+    m = Transformer(cfg); ids = torch.randint(0, 61, (2, 9))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True)
+    for _ in range(3):
+        with torch.no_grad(): m(ids, stats=False); generate(m, [[1, 2, 3]], max_new_tokens=2)   # would fill a cache
+        m(ids).logits.sum().backward(); opt.step(); opt.zero_grad()
+        ref = m(ids).logits.detach()                                   # autograd path: the live weights
+        with torch.no_grad():
+            assert torch.allclose(m(ids).logits, ref, atol=1e-5)
+            assert torch.allclose(m(ids, stats=False).logits, ref, atol=1e-5)
+            with frozen_weights(m): assert torch.allclose(m(ids, stats=False).logits, ref, atol=1e-5)
