@@ -215,13 +215,12 @@ def export_hf(model: Transformer, out_dir, tokenizer=None, mtp=None, mtp_meta: d
     tokenizer beside it. `mtp`: MTP heads (an `MTPHeads` module, or the path of a checkpoint's `mtp.safetensors`),
     written to `mtp.safetensors` with `mtp_meta` (or the module's depth/moe/config) in `mtp_config.json`."""
     from safetensors.torch import save_file, save_model
+    ids = {} if tokenizer is None else dict(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+    config, state = hf_config(model.cfg, ids), hf_state(model)          # refuse before writing anything
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    ids = {}
-    if tokenizer is not None:
-        tokenizer.save_hf(out)
-        ids = dict(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
-    (out / 'config.json').write_text(json.dumps(hf_config(model.cfg, ids), indent=2) + '\n')
-    save_file(hf_state(model), str(out / 'model.safetensors'), metadata={'format': 'pt'})
+    if tokenizer is not None: tokenizer.save_hf(out)
+    (out / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
+    save_file(state, str(out / 'model.safetensors'), metadata={'format': 'pt'})
     if mtp is not None:
         if isinstance(mtp, (str, Path)): shutil.copyfile(mtp, out / MTP_WEIGHTS)
         else:
