@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .chat import END
 from .config import ConfigError, to_dict
 from .model import ModelConfig, RopeScaling, Transformer
 
@@ -218,7 +219,10 @@ def export_hf(model: Transformer, out_dir, tokenizer=None, mtp=None, mtp_meta: d
     ids = {} if tokenizer is None else dict(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
     config, state = hf_config(model.cfg, ids), hf_state(model)          # refuse before writing anything
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    if tokenizer is not None: tokenizer.save_hf(out)
+    if tokenizer is not None:
+        tokenizer.save_hf(out)
+        gen = {**ids, 'eos_token_id': [ids['eos_token_id'], tokenizer.token_id(END)]}     # a turn ends at <|end|>
+        (out / 'generation_config.json').write_text(json.dumps(gen, indent=2) + '\n')
     (out / 'config.json').write_text(json.dumps(config, indent=2) + '\n')
     save_file(state, str(out / 'model.safetensors'), metadata={'format': 'pt'})
     if mtp is not None:

@@ -142,3 +142,39 @@ def test_import_reads_fused_experts_as_transformers_5_holds_them(tmp_path):
     save_file(t, str(tmp_path / 'model.safetensors'))
     ids = torch.randint(0, 96, (1, 16))
     assert torch.equal(_our_logits(import_hf(tmp_path), ids), _our_logits(ref, ids))
+
+def test_exported_tokenizer_chat_template_equals_render(tmp_path):
+    import dataclasses
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from composer2.chat import BOS, END, EOS, PAD, Message, ToolCall, encode_chat, render
+    from composer2.tokenizer import Tokenizer
+    tok = Tokenizer.train(['def f(x):\n    return x + 1\n', 'Run the tests, then fix the bug. ünïcødé ✓'] * 40, vocab_size=400)
+    torch.manual_seed(0)
+    export_hf(Transformer(_ours(vocab_size=tok.vocab_size)), tmp_path, tokenizer=tok)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert isinstance(hf, PreTrainedTokenizerFast)
+    assert (hf.bos_token, hf.eos_token, hf.pad_token) == (BOS, EOS, PAD) and hf.pad_token_id == tok.pad_id
+    assert json.loads((tmp_path / 'generation_config.json').read_text())['eos_token_id'] == [tok.eos_id, tok.token_id(END)]
+    shapes = [
+        [Message('user', 'hi')],
+        [Message('system', 'You are a coding agent.'), Message('user', 'tests fail:\n  x == 1'), Message('assistant', 'Fixed.')],
+        [Message('user', 'look'), Message('assistant', '', tool_calls=[ToolCall('read_file', {'path': 'a.py'})]),
+         Message('tool', 'def f(): pass\n'), Message('assistant', 'Two calls.', tool_calls=[
+             ToolCall('run', {'cmd': 'pytest -q', 'timeout': 30, 'env': {'A': [1, 2.5, None, True]}}), ToolCall('ls')]),
+         Message('tool', ''), Message('tool', 'ünïcødé ✓ "quoted"')],
+        [Message('assistant', 'so far', summary='read a.py; é'), Message('user', '')],
+        [Message('assistant', 'both', tool_calls=[ToolCall('grep', {'pattern': 'def'})], summary='s')],
+    ]
+    for msgs in shapes:
+        dicts = [dataclasses.asdict(m) for m in msgs]
+        for gen in (False, True):
+            text = hf.apply_chat_template(dicts, tokenize=False, add_generation_prompt=gen)
+            assert text == render(msgs, gen), (text, render(msgs, gen))
+        ids = hf.apply_chat_template(dicts, tokenize=True, return_dict=False)
+        assert list(ids) == encode_chat(tok, msgs)[0]
+    # plain dicts as OpenAI clients send them: no summary key, content None beside tool calls, calls wrapped in "function"
+    oai = [{'role': 'user', 'content': 'go'}, {'role': 'assistant', 'content': None, 'tool_calls': [
+        {'type': 'function', 'function': {'name': 'ls', 'arguments': {'path': '.'}}}]}, {'role': 'tool', 'content': 'a.py'}]
+    want = render([Message('user', 'go'), Message('assistant', '', tool_calls=[ToolCall('ls', {'path': '.'})]), Message('tool', 'a.py')])
+    assert hf.apply_chat_template(oai, tokenize=False) == want
+    with pytest.raises(Exception, match='unknown role'): hf.apply_chat_template([{'role': 'robot', 'content': 'x'}], tokenize=False)
