@@ -4,7 +4,7 @@
 
 # %% ../nbs/3_model/02_hf.ipynb #h003
 from __future__ import annotations
-import json, os, shutil
+import dataclasses, json, os, shutil
 from pathlib import Path
 
 import torch
@@ -18,7 +18,7 @@ __all__ = ['ARCHS', 'MTP_WEIGHTS', 'MTP_CONFIG', 'HFError', 'hf_arch', 'rope_par
            'hf_name', 'hf_state', 'read_hf_config', 'import_hf', 'export_hf']
 
 # %% ../nbs/3_model/02_hf.ipynb #h006
-class HFError(ValueError):
+class HFError(ConfigError):
     "A Hugging Face checkpoint (directory) that cannot be written or read here; the message says what is wrong."
 
 ARCHS = {'qwen2_moe': 'Qwen2MoeForCausalLM', 'qwen3_moe': 'Qwen3MoeForCausalLM'}
@@ -177,9 +177,12 @@ def read_hf_config(path) -> dict:
     if not isinstance(c, dict): raise HFError(f"{f}: expected a JSON object")
     return c
 
-def import_hf(path, dtype: torch.dtype | None = None) -> Transformer:
-    "A Qwen2-MoE or Qwen3-MoE checkpoint directory as our `Transformer` (float32 unless `dtype`), every tensor checked."
+def import_hf(path, dtype: torch.dtype | None = None, **overrides) -> Transformer:
+    """A Qwen2-MoE or Qwen3-MoE checkpoint directory as our `Transformer` (float32 unless `dtype`), every tensor checked;
+    `overrides` change `ModelConfig` fields that do not change shapes (e.g. `max_seq_len`, `precision`)."""
     path = Path(path); cfg = model_config_from_hf(read_hf_config(path), str(path / 'config.json'))
+    try: cfg = dataclasses.replace(cfg, **overrides)
+    except (ConfigError, TypeError) as e: raise HFError(f"{path}: overrides {overrides}: {e}") from None
     hf, model = _read_tensors(path), Transformer(cfg)
     used, missing, bad, sd = set(), [], [], {}
     def get(name, shape):
@@ -231,5 +234,5 @@ def export_hf(model: Transformer, out_dir, tokenizer=None, mtp=None, mtp_meta: d
             save_model(mtp, str(out / MTP_WEIGHTS))
             mtp_meta = mtp_meta or {'depth': mtp.depth, 'moe': mtp.moe, 'model_config': to_dict(mtp.cfg)}
         note = 'composer2 MTP heads (composer2.mtp.MTPHeads state dict); they borrow embed_tokens and lm_head of the main model'
-        (out / MTP_CONFIG).write_text(json.dumps({'format': 'composer2.mtp', 'note': note, **(mtp_meta or {})}, indent=2) + '\n')
+        (out / MTP_CONFIG).write_text(json.dumps({'format': 'composer2 MTPHeads', 'note': note, **(mtp_meta or {})}, indent=2) + '\n')
     return out

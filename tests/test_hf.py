@@ -178,3 +178,27 @@ def test_exported_tokenizer_chat_template_equals_render(tmp_path):
     want = render([Message('user', 'go'), Message('assistant', '', tool_calls=[ToolCall('ls', {'path': '.'})]), Message('tool', 'a.py')])
     assert hf.apply_chat_template(oai, tokenize=False) == want
     with pytest.raises(Exception, match='unknown role'): hf.apply_chat_template([{'role': 'robot', 'content': 'x'}], tokenize=False)
+
+def test_cli_export_hf_with_mtp_heads_and_hf_init(tmp_path, capsys):
+    from safetensors.torch import load_file
+    from composer2.cli import main
+    from composer2.mtp import MTPHeads, save_mtp
+    from composer2.train import load_model
+    torch.manual_seed(5)
+    m = _randomise(Transformer(_ours()))
+    mtp = MTPHeads(m.cfg, depth=2)
+    save_mtp(tmp_path / 'ck', m, mtp)
+    assert main(['export-hf', str(tmp_path / 'ck'), str(tmp_path / 'hf')]) == 0
+    ids = torch.randint(0, 96, (2, 16))
+    theirs, _ = _hf_logits(tmp_path / 'hf', ids)
+    assert (theirs - _our_logits(m, ids)).abs().max() < TOL
+    heads = load_file(str(tmp_path / 'hf' / 'mtp.safetensors'))
+    assert all(torch.equal(heads[k], v) for k, v in mtp.state_dict().items())
+    assert json.loads((tmp_path / 'hf' / 'mtp_config.json').read_text())['depth'] == 2
+    # any stage's `init` may name hf:DIR (train.load_model): the model, and DIR as its tokenizer
+    m2, meta = load_model(f"hf:{tmp_path / 'hf'}", max_seq_len=128)
+    assert meta['tokenizer'] == str(tmp_path / 'hf') and m2.cfg.max_seq_len == 128
+    assert torch.equal(_our_logits(m2, ids), _our_logits(m, ids))
+    assert main(['export-hf', str(tmp_path / 'missing'), str(tmp_path / 'x')]) == 2
+    m.cfg.router = 'sigmoid'; save_mtp(tmp_path / 'ck2', m, mtp)
+    assert main(['export-hf', str(tmp_path / 'ck2'), str(tmp_path / 'y')]) == 2 and 'sigmoid router' in capsys.readouterr().err
