@@ -38,6 +38,7 @@ def _hf_logits(d, ids):
 def _our_logits(m, ids):
     with torch.no_grad(): return m.eval()(torch.as_tensor(ids)).logits
 
+@pytest.mark.numerics
 @pytest.mark.parametrize('kw', [dict(), dict(tie_embeddings=False, n_shared_experts=0, norm_topk=False),
                                 dict(qk_norm=True, n_shared_experts=0, head_size=12, tie_embeddings=False),
                                 dict(qkv_bias=True, shared_gate=True, d_shared=24)])
@@ -52,6 +53,7 @@ def test_export_loads_in_transformers_with_our_logits(tmp_path, kw):
     back = import_hf(tmp_path)                                              # export -> import: exact
     assert torch.equal(_our_logits(back, ids), _our_logits(m, ids))
 
+@pytest.mark.numerics
 def test_export_yarn_x8_at_8x_the_original_context(tmp_path):
     torch.manual_seed(1)
     m = _randomise(Transformer(_ours(max_seq_len=32)))
@@ -71,6 +73,7 @@ class _RopeCfg:
         self.rope_parameters = params
     def standardize_rope_params(self): pass
 
+@pytest.mark.numerics
 @pytest.mark.parametrize('head_dim,theta,factor,orig,extra', [(32, 10000.0, 8.0, 32, {}), (64, 1e6, 4.0, 4096, {}),
                          (128, 5e5, 16.0, 8192, dict(beta_fast=16.0, beta_slow=2.0)), (64, 10000.0, 8.0, 2048, dict(truncate=False))])
 def test_rope_scaling_is_transformers_bit_for_bit(head_dim, theta, factor, orig, extra):
@@ -92,6 +95,7 @@ def _qwen3(**kw):
              mlp_only_layers=[], max_position_embeddings=128, tie_word_embeddings=False, rms_norm_eps=1e-6)
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**c, **kw}))
 
+@pytest.mark.numerics
 @pytest.mark.parametrize('build', [lambda: _qwen2(), lambda: _qwen2(tie_word_embeddings=True, norm_topk_prob=True, mlp_only_layers=[]),
                                    lambda: _qwen3(), lambda: _qwen3(attention_bias=True, mlp_only_layers=[0]),
                                    lambda: _qwen3(rope_parameters=dict(rope_type='yarn', rope_theta=10000.0, factor=4.0,
