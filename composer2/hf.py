@@ -183,7 +183,10 @@ def import_hf(path, dtype: torch.dtype | None = None, **overrides) -> Transforme
     path = Path(path); cfg = model_config_from_hf(read_hf_config(path), str(path / 'config.json'))
     try: cfg = dataclasses.replace(cfg, **overrides)
     except (ConfigError, TypeError) as e: raise HFError(f"{path}: overrides {overrides}: {e}") from None
-    hf, model = _read_tensors(path), Transformer(cfg)
+    hf = _read_tensors(path)
+    with torch.device('meta'): model = Transformer(cfg)                  # no random init: every weight is overwritten
+    model = model.to_empty(device='cpu').to(dtype or torch.float32)
+    if cfg.tie_embeddings: model.head.weight = model.embed.weight        # (to_empty unties them)
     used, missing, bad, sd = set(), [], [], {}
     def get(name, shape):
         if name not in hf: missing.append(name); return None
@@ -210,7 +213,9 @@ def import_hf(path, dtype: torch.dtype | None = None, **overrides) -> Transforme
     with torch.no_grad():
         for k, p in model.state_dict().items():
             if k in sd: p.copy_(sd[k])
-    return model.to(dtype) if dtype is not None else model
+            elif k.endswith('router_bias'): p.zero_()
+    model.set_rope_scaling(cfg.rope_scaling)                              # the (non-persistent) RoPE table, on the CPU
+    return model
 
 # %% ../nbs/3_model/02_hf.ipynb #h013
 def export_hf(model: Transformer, out_dir, tokenizer=None, mtp=None, mtp_meta: dict | None = None) -> Path:
