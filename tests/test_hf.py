@@ -54,15 +54,16 @@ def test_export_loads_in_transformers_with_our_logits(tmp_path, kw):
     assert torch.equal(_our_logits(back, ids), _our_logits(m, ids))
 
 @pytest.mark.numerics
-def test_export_yarn_x8_at_8x_the_original_context(tmp_path):
+@pytest.mark.parametrize('kind', ['yarn', 'linear'])
+def test_export_yarn_x8_at_8x_the_original_context(tmp_path, kind):
     torch.manual_seed(1)
     m = _randomise(Transformer(_ours(max_seq_len=32)))
-    m.set_rope_scaling(RopeScaling('yarn', 8.0, 32), max_seq_len=256)
+    m.set_rope_scaling(RopeScaling(kind, 8.0, 32), max_seq_len=256)
     export_hf(m, tmp_path)
-    assert json.loads((tmp_path / 'config.json').read_text())['rope_parameters']['rope_type'] == 'yarn'
+    assert json.loads((tmp_path / 'config.json').read_text())['rope_parameters']['rope_type'] == kind
     ids = torch.randint(0, 96, (1, 256))
     theirs, hf = _hf_logits(tmp_path, ids)
-    assert hf.model.rotary_emb.attention_scaling == pytest.approx(0.1 * math.log(8) + 1)
+    assert hf.model.rotary_emb.attention_scaling == pytest.approx(0.1 * math.log(8) + 1 if kind == 'yarn' else 1.0)
     assert (theirs - _our_logits(m, ids)).abs().max() < TOL
     assert torch.equal(_our_logits(import_hf(tmp_path), ids), _our_logits(m, ids))
 
