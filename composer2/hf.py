@@ -115,7 +115,7 @@ _SUB = [('attn_norm', 'input_layernorm'), ('ffn_norm', 'post_attention_layernorm
         ('ffn.w3', 'mlp.up_proj'), ('ffn.w2', 'mlp.down_proj')]
 
 def hf_name(key: str) -> str:
-    "The transformers name of one of our (non-expert) state-dict keys: `layers.0.attn.wq.weight` -> `model.layers.0.self_attn.q_proj.weight`."
+    "The transformers name of one of our (non-expert) keys: `layers.0.attn.wq.weight` -> `model.layers.0.self_attn.q_proj.weight`."
     parts = key.split('.')
     if parts[0] != 'layers': return f"{_TOP[parts[0]]}.{'.'.join(parts[1:])}"
     rest = '.'.join(parts[2:])
@@ -133,15 +133,17 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
         if k.endswith('router_bias'):
             if bool(v.any()): raise HFError(f"{k}: non-zero expert-selection biases (aux-loss-free balancing) have no Qwen-MoE equivalent")
         elif k == 'head.weight' and cfg.tie_embeddings: pass
-        elif k.endswith('ffn.w13'):
-            for e in range(cfg.n_experts): out[_experts(k.split('.')[1], e) + '.gate_proj.weight'], out[_experts(k.split('.')[1], e) + '.up_proj.weight'] = v[e, :h], v[e, h:]
+        elif k.endswith('ffn.w13'):                                       # [E, 2h, d]: gate rows, then up rows
+            for e in range(cfg.n_experts):
+                x = _experts(k.split('.')[1], e); out[x + '.gate_proj.weight'], out[x + '.up_proj.weight'] = v[e, :h], v[e, h:]
         elif k.endswith('ffn.w2') and v.dim() == 3:
             for e in range(cfg.n_experts): out[_experts(k.split('.')[1], e) + '.down_proj.weight'] = v[e]
         else: out[hf_name(k)] = v
     for i, l in enumerate(model.layers):
         p, z = f'model.layers.{i}', (lambda *s: torch.zeros(*s, dtype=model.embed.weight.dtype))
         if arch == 'qwen2_moe' and not cfg.qkv_bias:
-            for x, n in (('q', cfg.n_heads), ('k', cfg.n_kv_heads), ('v', cfg.n_kv_heads)): out[f'{p}.self_attn.{x}_proj.bias'] = z(n * cfg.head_dim)
+            for x, n in (('q', cfg.n_heads), ('k', cfg.n_kv_heads), ('v', cfg.n_kv_heads)):
+                out[f'{p}.self_attn.{x}_proj.bias'] = z(n * cfg.head_dim)
         if arch == 'qwen2_moe' and l.is_moe and l.ffn.shared is None:
             out.update({f'{p}.mlp.shared_expert.gate_proj.weight': z(1, d), f'{p}.mlp.shared_expert.up_proj.weight': z(1, d),
                         f'{p}.mlp.shared_expert.down_proj.weight': z(d, 1), f'{p}.mlp.shared_expert_gate.weight': z(1, d)})
@@ -201,13 +203,15 @@ def import_hf(path, dtype: torch.dtype | None = None, **overrides) -> Transforme
             if fused in hf: sd[k] = get(fused, t.shape); continue
             E, h = t.shape[0], cfg.d_expert
             if k.endswith('w13'):
-                ws = [(get(_experts(i, e) + '.gate_proj.weight', (h, cfg.d_model)), get(_experts(i, e) + '.up_proj.weight', (h, cfg.d_model))) for e in range(E)]
+                ws = [(get(_experts(i, e) + '.gate_proj.weight', (h, cfg.d_model)), get(_experts(i, e) + '.up_proj.weight', (h, cfg.d_model)))
+                      for e in range(E)]
                 sd[k] = None if any(w is None for p in ws for w in p) else torch.stack([torch.cat(p) for p in ws])
             else:
                 ws = [get(_experts(i, e) + '.down_proj.weight', (cfg.d_model, h)) for e in range(E)]
                 sd[k] = None if any(w is None for w in ws) else torch.stack(ws)
         else: sd[k] = get(hf_name(k), t.shape)
-    extra = sorted(n for n in hf if n not in used and not n.endswith('rotary_emb.inv_freq') and not (n == 'lm_head.weight' and cfg.tie_embeddings))
+    ignored = lambda n: n.endswith('rotary_emb.inv_freq') or (n == 'lm_head.weight' and cfg.tie_embeddings)
+    extra = sorted(n for n in hf if n not in used and not ignored(n))
     for what, lst in (('missing tensors', missing), ('tensors with the wrong shape', bad), ('unexpected tensors', extra)):
         if lst: raise HFError(f"{path}: {len(lst)} {what}: {', '.join(lst[:6])}{' ...' if len(lst) > 6 else ''}")
     with torch.no_grad():
