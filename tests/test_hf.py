@@ -207,3 +207,13 @@ def test_cli_export_hf_with_mtp_heads_and_hf_init(tmp_path, capsys):
     assert main(['export-hf', str(tmp_path / 'missing'), str(tmp_path / 'x')]) == 2
     m.cfg.router = 'sigmoid'; save_mtp(tmp_path / 'ck2', m, mtp)
     assert main(['export-hf', str(tmp_path / 'ck2'), str(tmp_path / 'y')]) == 2 and 'sigmoid router' in capsys.readouterr().err
+
+def test_import_reads_sharded_checkpoints_and_keeps_a_dtype(tmp_path):
+    torch.manual_seed(6)
+    hf = _randomise(_qwen3(), seed=7).eval(); hf.save_pretrained(tmp_path, max_shard_size='20KB')
+    assert (tmp_path / 'model.safetensors.index.json').exists() and len(list(tmp_path.glob('model-*.safetensors'))) > 1
+    m = import_hf(tmp_path)
+    ids = torch.randint(0, 96, (1, 12))
+    with torch.no_grad(): assert (hf(ids).logits - _our_logits(m, ids)).abs().max() < TOL
+    mb = import_hf(tmp_path, dtype=torch.bfloat16)
+    assert mb.embed.weight.dtype == torch.bfloat16 and torch.equal(mb.embed.weight, hf.model.embed_tokens.weight.bfloat16())
