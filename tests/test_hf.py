@@ -41,7 +41,7 @@ def _our_logits(m, ids):
 @pytest.mark.numerics
 @pytest.mark.parametrize('kw', [dict(), dict(tie_embeddings=False, n_shared_experts=0, norm_topk=False),
                                 dict(qk_norm=True, n_shared_experts=0, head_size=12, tie_embeddings=False),
-                                dict(qkv_bias=True, shared_gate=True, d_shared=24)])
+                                dict(qkv_bias=True, shared_gate=True, d_shared=24, head_size=12)])
 def test_export_loads_in_transformers_with_our_logits(tmp_path, kw):
     torch.manual_seed(0)
     m = _randomise(Transformer(_ours(**kw)))
