@@ -9,10 +9,84 @@ from typing import Optional
 
 import torch
 
-from .model import KVCache, frozen_weights
+from .model import frozen_weights
 
 # %% auto #0
-__all__ = ['Generation', 'sample_next', 'generate']
+__all__ = ['cache_dtype', 'KVCache', 'Generation', 'sample_next', 'generate']
+
+# %% ../nbs/3_model/01_decoding.ipynb #c012
+def cache_dtype(p: torch.Tensor) -> torch.dtype:
+    """The KV cache's default dtype for weights `p`: theirs, except that a reduced-precision model on CPU keeps its cache
+    in fp32. The cached keys and values are the model's bf16/fp16 values exactly (widening is exact), and attention then
+    runs in fp32, as the math backend computes bf16 attention anyway: the CPU's bf16 flash kernel measured 3-5x slower."""
+    return torch.float32 if p.device.type == 'cpu' and p.dtype in (torch.bfloat16, torch.float16) else p.dtype
+
+class KVCache:
+    "Per-layer key/value buffers with a length per sequence."
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, device='cpu', dtype=torch.float32):
+        self.k = [torch.zeros(batch, n_kv_heads, max_len, head_dim, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.max_len, self._uni = max_len, 0
+    @property
+    def lengths(self): return self._lengths
+    @lengths.setter
+    def lengths(self, v): self._lengths, self._uni = v, None     # the common length is recomputed on demand
+    def uniform(self) -> int | None:
+        "The length shared by every row, or None when rows differ (one device read per change of `lengths`)."
+        if self._uni is None:
+            lo, hi = torch.stack(torch.aminmax(self._lengths)).tolist() if self._lengths.numel() else (0, 0)
+            self._uni = lo if lo == hi else -1
+        return self._uni if self._uni >= 0 else None
+    def advance(self, n, common: int | None):
+        "Lengths += `n` (int or [B]); `common`: n as an int when it is the same for every row."
+        u = self.uniform() if common is not None else None
+        self.lengths = self._lengths + n
+        if u is not None: self._uni = u + common
+    @classmethod
+    def for_model(cls, model, batch, max_len=None, dtype=None):
+        c = model.cfg; p = next(model.parameters())
+        return cls(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim, p.device, dtype or cache_dtype(p))
+    def write(self, layer, k, v, start, s0: int | None = None):
+        "Write k/v [B, H, T, D] at per-row offsets `start` [B] (a slice copy when every row starts at the int `s0`)."
+        B, H, T, D = k.shape
+        end = s0 + T if s0 is not None else int((start + T).max())
+        if end > self.max_len: raise ValueError(f"KV cache overflow: {end} positions > capacity {self.max_len}")
+        if s0 is not None:
+            self.k[layer][:, :, s0:end] = k; self.v[layer][:, :, s0:end] = v; return
+        # one indexed write per buffer: rows b at positions start_b .. start_b + T - 1 (an index_put; `scatter_` over
+        # expanded [B, H, T, D] indices measured 40x slower on CPU)
+        rows, pos = torch.arange(B, device=k.device)[:, None], start[:, None] + torch.arange(T, device=k.device)[None, :]
+        self.k[layer][rows, :, pos] = k.transpose(1, 2).to(self.k[layer].dtype)
+        self.v[layer][rows, :, pos] = v.transpose(1, 2).to(self.v[layer].dtype)
+    def truncate(self, lengths):
+        "Roll each row back to `lengths` (never forward)."
+        lengths = torch.as_tensor(lengths, device=self.lengths.device, dtype=torch.long)
+        if bool((lengths > self.lengths).any()): raise ValueError("truncate can only shorten the cache")
+        self.lengths = lengths.clone()
+    def take(self, rows) -> 'KVCache':
+        "A new cache holding copies of batch rows `rows` (up to their longest length), e.g. to feed a few rows apart."
+        rows = torch.as_tensor(rows, device=self.lengths.device, dtype=torch.long)
+        c = KVCache.__new__(KVCache); c.max_len = self.max_len; n = int(self.lengths[rows].max())
+        c.k, c.v = [], []
+        for src, dst in ((self.k, c.k), (self.v, c.v)):
+            for t in src:
+                # zeros beyond: masked keys still meet their values (0 x NaN of uninitialised memory is NaN)
+                b = t.new_zeros(len(rows), *t.shape[1:]); b[:, :, :n] = t[rows, :, :n]; dst.append(b)
+        c.lengths = self.lengths[rows].clone(); return c
+    def put(self, rows, sub: 'KVCache'):
+        "Write back a cache made by `take(rows)` (its rows up to their new lengths)."
+        rows = torch.as_tensor(rows, device=self.lengths.device, dtype=torch.long); n = int(sub.lengths.max())
+        for dst, src in ((self.k, sub.k), (self.v, sub.v)):
+            for t, s in zip(dst, src): t[rows, :, :n] = s[:, :, :n]
+        lengths = self.lengths.clone(); lengths[rows] = sub.lengths; self.lengths = lengths
+    def select(self, rows):
+        "Keep only batch rows `rows` (e.g. drop finished sequences)."
+        rows = torch.as_tensor(rows, device=self.lengths.device, dtype=torch.long)
+        self.k = [t[rows] for t in self.k]; self.v = [t[rows] for t in self.v]; self.lengths = self.lengths[rows]
+    def clone(self):
+        c = KVCache.__new__(KVCache); c.max_len = self.max_len
+        c.k = [t.clone() for t in self.k]; c.v = [t.clone() for t in self.v]; c.lengths = self.lengths.clone(); return c
 
 # %% ../nbs/3_model/01_decoding.ipynb #c026
 @dataclass

@@ -130,6 +130,7 @@ class Policy:
     def start(self, envs: list, observations: list[list[Message]]) -> None: self.envs = envs
     def advance(self, live: list[int]) -> list[tuple[int, str | None]]: raise NotImplementedError
     def observe(self, i: int, new: list[Message], done: bool) -> bool: return done
+    def retire(self, i: int) -> None: "Episode `i` is over: it is never advanced again (e.g. free its cache row)."
     def finish(self, i: int, env): return env.finish()
 
 def _guard(f, *a):
@@ -137,24 +138,29 @@ def _guard(f, *a):
     except Exception as e: return False, e
 
 def run_episodes(envs: list, policy: Policy, threads: int = 4, errors: Callable[[int, Exception], Any] | None = None) -> list:
-    "Run one episode per env with `policy` (see above); the records (`policy.finish`) in input order."
-    pool = ThreadPoolExecutor(max(1, min(threads, len(envs))))
+    """Run one episode per env with `policy` (see above); the records (`policy.finish`) in input order. Each round waits
+    for all of its steps, so the batches the policy sees never depend on timing; an episode that ended is finished
+    (graded) at once in a second pool while the others go on."""
+    n = max(1, min(threads, len(envs)))
+    pool, graders = ThreadPoolExecutor(n), ThreadPoolExecutor(n)
     try:
         policy.start(envs, list(pool.map(lambda e: e.reset(), envs)))
-        out, failed, live = [None] * len(envs), set(), list(range(len(envs)))
+        out, failed, live, fins = [None] * len(envs), set(), list(range(len(envs))), {}
         def fail(i, exc):
             if errors is None: raise exc
             out[i] = errors(i, exc); failed.add(i)
+        def end(i, ok=True):
+            live.remove(i); policy.retire(i)
+            if ok: fins[i] = graders.submit(_guard, policy.finish, i, envs[i])
         while live:
             turns = policy.advance(live)
             acts = [(i, t) for i, t in turns if t is not None]
-            over = {i for i, t in turns if t is None}
+            for i in [i for i, t in turns if t is None]: end(i)
             for (i, _), (ok, res) in zip(acts, pool.map(lambda a: _guard(envs[a[0]].step, a[1]), acts)):
-                if not ok: fail(i, res); over.add(i)
-                elif policy.observe(i, *res): over.add(i)
-            live = [i for i in live if i not in over]
-        todo = [i for i in range(len(envs)) if i not in failed]
-        for i, (ok, res) in zip(todo, pool.map(lambda i: _guard(policy.finish, i, envs[i]), todo)):
+                if not ok: fail(i, res); end(i, False)
+                elif policy.observe(i, *res): end(i)
+        for i in sorted(fins):
+            ok, res = fins[i].result()
             if ok: out[i] = res
             else: fail(i, res)
         return out
@@ -162,7 +168,7 @@ def run_episodes(envs: list, policy: Policy, threads: int = 4, errors: Callable[
         for e in envs:
             try: e.close()
             except Exception: pass
-        pool.shutdown(wait=False)
+        pool.shutdown(wait=False); graders.shutdown(wait=False)
 
 # %% ../nbs/6_harness/09_episodes.ipynb #c022
 class ScriptedPolicy(Policy):

@@ -16,9 +16,9 @@ from .config import ConfigError, check
 from .rope import RopeScaling, apply_rope, rope_inv_freq, rope_tables, rotate
 
 # %% auto #0
-__all__ = ['ModelConfig', 'RMSNorm', 'KVCache', 'attn_plan', 'frozen_weights', 'Attention', 'DenseFFN', 'MoEStats', 'route',
-           'dispatch', 'expert_ffn', 'combine', 'balance_loss', 'MoE', 'shared_out', 'ModelOutput', 'moe_infer',
-           'Block', 'Transformer']
+__all__ = ['ModelConfig', 'RMSNorm', 'attn_plan', 'frozen_weights', 'Attention', 'DenseFFN', 'MoEStats', 'route', 'dispatch',
+           'expert_ffn', 'combine', 'balance_loss', 'MoE', 'shared_out', 'ModelOutput', 'moe_infer', 'Block',
+           'Transformer']
 
 # %% ../nbs/3_model/00_model.ipynb #c006
 @dataclass
@@ -77,55 +77,6 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-# %% ../nbs/3_model/00_model.ipynb #c012
-class KVCache:
-    "Per-layer key/value buffers with a length per sequence."
-    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, device='cpu', dtype=torch.float32):
-        self.k = [torch.zeros(batch, n_kv_heads, max_len, head_dim, device=device, dtype=dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros_like(t) for t in self.k]
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.max_len, self._uni = max_len, 0
-    @property
-    def lengths(self): return self._lengths
-    @lengths.setter
-    def lengths(self, v): self._lengths, self._uni = v, None     # the common length is recomputed on demand
-    def uniform(self) -> int | None:
-        "The length shared by every row, or None when rows differ (one device read per change of `lengths`)."
-        if self._uni is None:
-            lo, hi = torch.stack(torch.aminmax(self._lengths)).tolist() if self._lengths.numel() else (0, 0)
-            self._uni = lo if lo == hi else -1
-        return self._uni if self._uni >= 0 else None
-    def advance(self, n, common: int | None):
-        "Lengths += `n` (int or [B]); `common`: n as an int when it is the same for every row."
-        u = self.uniform() if common is not None else None
-        self.lengths = self._lengths + n
-        if u is not None: self._uni = u + common
-    @classmethod
-    def for_model(cls, model, batch, max_len=None, dtype=None):
-        c = model.cfg; p = next(model.parameters())
-        return cls(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim, p.device, dtype or p.dtype)
-    def write(self, layer, k, v, start, s0: int | None = None):
-        "Write k/v [B, H, T, D] at per-row offsets `start` [B] (a slice copy when every row starts at the int `s0`)."
-        B, H, T, D = k.shape
-        end = s0 + T if s0 is not None else int((start + T).max())
-        if end > self.max_len: raise ValueError(f"KV cache overflow: {end} positions > capacity {self.max_len}")
-        if s0 is not None:
-            self.k[layer][:, :, s0:end] = k; self.v[layer][:, :, s0:end] = v; return
-        idx = (start[:, None] + torch.arange(T, device=k.device)[None, :])[:, None, :, None].expand(B, H, T, D)
-        self.k[layer].scatter_(2, idx, k.to(self.k[layer].dtype)); self.v[layer].scatter_(2, idx, v.to(self.v[layer].dtype))
-    def truncate(self, lengths):
-        "Roll each row back to `lengths` (never forward)."
-        lengths = torch.as_tensor(lengths, device=self.lengths.device, dtype=torch.long)
-        if bool((lengths > self.lengths).any()): raise ValueError("truncate can only shorten the cache")
-        self.lengths = lengths.clone()
-    def select(self, rows):
-        "Keep only batch rows `rows` (e.g. drop finished sequences)."
-        rows = torch.as_tensor(rows, device=self.lengths.device, dtype=torch.long)
-        self.k = [t[rows] for t in self.k]; self.v = [t[rows] for t in self.v]; self.lengths = self.lengths[rows]
-    def clone(self):
-        c = KVCache.__new__(KVCache); c.max_len = self.max_len
-        c.k = [t.clone() for t in self.k]; c.v = [t.clone() for t in self.v]; c.lengths = self.lengths.clone(); return c
 
 # %% ../nbs/3_model/00_model.ipynb #c014
 def attn_plan(cache, T: int, device):
@@ -200,8 +151,9 @@ class Attention(nn.Module):
             s0, L, mask, causal = plan or attn_plan(cache, T, x.device)
             cache.write(layer, k, v, cache.lengths, s0)
             kk, vv = cache.k[layer][:, :, :L], cache.v[layer][:, :, :L]
-            o = F.scaled_dot_product_attention(q, kk.to(q.dtype), vv.to(q.dtype), attn_mask=mask, is_causal=causal,
-                                               enable_gqa=nkv != nh)
+            dt = torch.promote_types(q.dtype, kk.dtype)     # a wider cache (see `cache_dtype`) sets the attention's dtype
+            o = F.scaled_dot_product_attention(q.to(dt), kk.to(dt), vv.to(dt), attn_mask=mask, is_causal=causal,
+                                               enable_gqa=nkv != nh).to(q.dtype)
         o = o.transpose(1, 2).reshape(B, T, nh * self.hd)
         return self.wo(o) if torch.is_grad_enabled() or self.cfg.o_bias else o @ _wt(self, 'o', (self.wo.weight,))
 
@@ -482,7 +434,7 @@ class Transformer(nn.Module):
         inv, self.mscale = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, scaling)
         self.inv_freq = inv.to(self.inv_freq.device)
 
-    def forward(self, ids, routes=None, return_routes=False, cache: KVCache | None = None, input_lens=None,
+    def forward(self, ids, routes=None, return_routes=False, cache=None, input_lens=None,
                 positions=None, return_hidden=False, attn_fn=None, stats=True, logits_at=None) -> ModelOutput:
         """`ids` [B, T]. `routes` [n_moe_layers, B, T, k] forces expert choices. With `cache`, the tokens continue each
         row from its cached length; `input_lens` [B] says how many of the T tokens are real (the rest is padding).

@@ -14,8 +14,8 @@ import torch
 from .chat import (Message, render, render_turn, END, EOS, ROLE_TOKENS, SUMMARY_OPEN, SUMMARY_CLOSE)
 from .config import check, from_dict
 from .episodes import AgentEnv, Policy, SYSTEM_SHORT, run_episodes
-from .model import Transformer, ModelConfig, KVCache, frozen_weights
-from .decoding import sample_next
+from .model import Transformer, ModelConfig, frozen_weights
+from .decoding import KVCache, sample_next
 
 # %% auto #0
 __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv', 'toy_env_factory', 'HarnessEnv',
@@ -285,34 +285,53 @@ class TokenPolicy(Policy):
         self.cap = cfg.context_budget + 64              # a row stops generating at this length
         # the cache also holds a whole padded step: a row at `cap` may be fed along with another row's longest input
         self.cache_cap = self.cap + max_feed(cfg)
-        self.cache = KVCache.for_model(self.model, len(self.rows), max(self.cache_cap, max(len(r.prefix) for r in self.rows)),
-                                       next(self.model.parameters()).dtype)
-        self.live = list(range(len(self.rows)))          # cache slot j holds row live[j]
+        self.cache = KVCache.for_model(self.model, len(self.rows), max(self.cache_cap, max(len(r.prefix) for r in self.rows)))
+        self.live, self.retired = list(range(len(self.rows))), set()     # cache slot j holds row live[j]
+    def retire(self, i): self.retired.add(i)
+    def _run(self, cache, feeds):
+        "One forward of `feeds` (token lists, one per cache row; [] feeds nothing): last logits [B, V], routes [L, B, T, k]."
+        ids = torch.zeros(len(feeds), max(len(f) for f in feeds), dtype=torch.long)
+        for j, f in enumerate(feeds):
+            if f: ids[j, :len(f)] = torch.tensor(f)
+        lens = torch.tensor([len(f) for f in feeds])
+        # the inference path: no balance statistics, logits only at each row's last fed token
+        out = self.model(ids, cache=cache, input_lens=lens, return_routes=True, stats=False, logits_at=(lens - 1).clamp(min=0))
+        rts = out.routes.to(torch.uint8).numpy() if out.routes is not None else np.zeros((0, *ids.shape, self.model.cfg.top_k), np.uint8)
+        return out.logits[:, 0], rts
     @torch.no_grad()
-    def advance(self, live):
-        cfg, codec, rows, k = self.cfg, self.codec, self.rows, self.model.cfg.top_k
-        if len(live) < len(self.live):
-            still = set(live)
-            self.cache.select([j for j, i in enumerate(self.live) if i in still]); self.live = list(live)
+    def advance(self, ready):
+        """One decode step for the `ready` rows (the live ones); cache rows of retired episodes are fed nothing. Rows fed several
+        tokens (observations, prompts) run apart from the one-token rows, so a long observation is not padded across the
+        batch; cache rows of finished episodes are dropped once they are a quarter of the batch."""
+        cfg, codec, rows = self.cfg, self.codec, self.rows
+        dead = sum(i in self.retired for i in self.live)
+        if dead and 4 * dead >= len(self.live):
+            keep = [j for j, i in enumerate(self.live) if i not in self.retired]
+            self.cache.select(keep); self.live = [self.live[j] for j in keep]
         if self.weights is not None and cfg.sync_every and self.n_steps % cfg.sync_every == 0:
             got = self.weights.poll(self.version)
             if got is not None: self.version, state = got; load_state_into(self.model, state)
-        live = self.live
-        feeds = [rows[i].pending for i in live]
-        ids = torch.zeros(len(live), max(len(f) for f in feeds), dtype=torch.long)
-        for j, f in enumerate(feeds): ids[j, :len(f)] = torch.tensor(f)
-        lens = torch.tensor([len(f) for f in feeds])
-        # the inference path: no balance statistics, logits only at each row's last fed token
-        out = self.model(ids, cache=self.cache, input_lens=lens, return_routes=True, stats=False, logits_at=lens - 1)
-        rts = out.routes.to(torch.uint8).numpy() if out.routes is not None else np.zeros((0, len(live), ids.shape[1], k), np.uint8)
-        last = out.logits[:, 0]
-        if isinstance(self.generator, list): tok, lp = sample_coupled(last, cfg.temperature, cfg.top_p, [self.generator[i] for i in live])
+        live, go = self.live, set(ready)
+        act = [j for j, i in enumerate(live) if i in go]
+        feed = [rows[i].pending if i in go else [] for i in live]
+        multi, logit, route = [j for j in act if len(feed[j]) > 1], {}, {}
+        if multi and len(multi) < len(live):
+            sub = self.cache.take(multi)
+            lg, rt = self._run(sub, [feed[j] for j in multi]); self.cache.put(multi, sub)
+            for n, j in enumerate(multi): logit[j], route[j] = lg[n], rt[:, n, :len(feed[j])]
+            feed = [[] if len(f) > 1 else f for f in feed]
+        if any(feed):
+            lg, rt = self._run(self.cache, feed)
+            for j in act:
+                if j not in logit: logit[j], route[j] = lg[j], rt[:, j, :len(feed[j])]
+        last = torch.stack([logit[j] for j in act])
+        if isinstance(self.generator, list): tok, lp = sample_coupled(last, cfg.temperature, cfg.top_p, [self.generator[live[j]] for j in act])
         else: tok, lp = _sample_row(last, cfg, self.generator)
         ended = []
-        for j, i in enumerate(live):
-            r = rows[i]
-            for t in range(int(lens[j])): r.routes.append(rts[:, j, t])
-            t_id = int(tok[j]); r.add_gen(t_id, float(lp[j]), self.version); r.pending = [t_id]
+        for n, j in enumerate(act):
+            i = live[j]; r = rows[i]
+            r.routes.extend(route[j][:, t] for t in range(route[j].shape[1]))
+            t_id = int(tok[n]); r.add_gen(t_id, float(lp[n]), self.version); r.pending = [t_id]
             stop = t_id in (codec.end, codec.eos) or (r.phase == 'summary' and t_id == codec.sum_close)
             limit = cfg.summary_max_tokens if r.phase == 'summary' else cfg.max_new_tokens
             if stop or len(r.turn_ids) >= limit or len(r.ids) + 2 >= self.cap: ended.append((j, i))
@@ -329,6 +348,8 @@ class TokenPolicy(Policy):
         r = self.rows[i]
         return env.finish({'gen_tokens': sum(s.n_gen for s in r.segments), 'turns': r.turns})
 
+
+# %% ../nbs/7_rl/00_rl_rollout.ipynb #c024b
 def rollout_batch(model, codec: ChatCodec, envs: list, cfg: RolloutConfig, weights=None, version: int = 0,
                   generator: torch.Generator | list[torch.Generator] | None = None,
                   on_step: Callable | None = None) -> tuple[list[dict], int]:

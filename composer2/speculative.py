@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch
 
-from .model import KVCache, Transformer, frozen_weights
-from .decoding import generate, sample_next
+from .model import Transformer, frozen_weights
+from .decoding import KVCache, generate, sample_next
 from .mtp import MTPHeads
 
 # %% auto #0

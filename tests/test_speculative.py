@@ -6,7 +6,8 @@ import pytest
 import torch
 from scipy import stats
 
-from composer2.model import KVCache, ModelConfig, Transformer
+from composer2.decoding import KVCache
+from composer2.model import ModelConfig, Transformer
 from composer2.decoding import generate
 from composer2.mtp import MTPHeads, MTPTrainConfig, train_mtp
 from composer2.speculative import speculative_generate, verify_greedy, verify_sampling, warp
