@@ -217,3 +217,11 @@ def test_import_reads_sharded_checkpoints_and_keeps_a_dtype(tmp_path):
     with torch.no_grad(): assert (hf(ids).logits - _our_logits(m, ids)).abs().max() < TOL
     mb = import_hf(tmp_path, dtype=torch.bfloat16)
     assert mb.embed.weight.dtype == torch.bfloat16 and torch.equal(mb.embed.weight, hf.model.embed_tokens.weight.bfloat16())
+
+def test_pretraining_from_hf_init_checks_the_vocabulary(tmp_path):
+    from composer2.config import ConfigError
+    from composer2.pretrain import PretrainConfig, build_model
+    export_hf(Transformer(_ours()), tmp_path)
+    m, _ = build_model(PretrainConfig(init=f'hf:{tmp_path}'), None, 96)
+    assert m.cfg.vocab_size == 96
+    with pytest.raises(ConfigError, match='differs from the tokenizer'): build_model(PretrainConfig(init=f'hf:{tmp_path}'), None, 4096)
