@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 # %% auto #0
 __all__ = ['BOS', 'EOS', 'PAD', 'END', 'ROLE_TOKENS', 'CALL_OPEN', 'CALL_CLOSE', 'RESULT_OPEN', 'RESULT_CLOSE', 'SUMMARY_OPEN',
-           'SUMMARY_CLOSE', 'SPECIAL_TOKENS', 'ChatFormatError', 'ToolCall', 'Message', 'render_body', 'render_turn',
-           'render', 'CallError', 'Parsed', 'parse_assistant', 'encode_chat']
+           'SUMMARY_CLOSE', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'ChatFormatError', 'ToolCall', 'Message', 'render_body',
+           'render_turn', 'render', 'CallError', 'Parsed', 'parse_assistant', 'encode_chat']
 
 # %% ../nbs/0_core/02_chat.ipynb #c004
 BOS, EOS, PAD, END = '<|bos|>', '<|eos|>', '<|pad|>', '<|end|>'
@@ -69,6 +69,28 @@ def render_turn(m: Message) -> str:
 def render(messages: list[Message], add_generation_prompt: bool = False) -> str:
     "The whole conversation as text; with `add_generation_prompt`, ends with `<|assistant|>` for the model to continue."
     return BOS + ''.join(render_turn(m) for m in messages) + (ROLE_TOKENS['assistant'] if add_generation_prompt else '')
+
+# %% ../nbs/0_core/02_chat.ipynb #c007b
+def _jq(s: str) -> str: return "'" + s + "'"        # a Jinja string literal of a special token (no quotes inside)
+
+CHAT_TEMPLATE = ''.join([
+    "{{- " + _jq(BOS) + " -}}",
+    "{%- for m in messages -%}",
+    "{%- if m.role not in " + str(list(ROLE_TOKENS)) + " -%}{{ raise_exception('unknown role ' ~ m.role) }}{%- endif -%}",
+    "{%- if m.tool_calls and m.role != 'assistant' -%}{{ raise_exception('only assistant turns carry tool calls') }}{%- endif -%}",
+    "{{- '<|' ~ m.role ~ '|>' -}}",
+    "{%- if m.role == 'tool' -%}{{- " + _jq(RESULT_OPEN) + " ~ (m.content or '') ~ " + _jq(RESULT_CLOSE) + " -}}",
+    "{%- else -%}{{- m.content or '' -}}",
+    "{%- if m.summary is defined and m.summary is not none -%}",
+    "{{- " + _jq(SUMMARY_OPEN) + " ~ m.summary ~ " + _jq(SUMMARY_CLOSE) + " -}}{%- endif -%}",
+    "{%- for c in (m.tool_calls or []) -%}{%- set f = c.function if c.function is defined else c -%}",
+    "{{- " + _jq(CALL_OPEN) + " ~ ({'name': f.name, 'arguments': f.arguments or {}} | tojson) ~ " + _jq(CALL_CLOSE) + " -}}",
+    "{%- endfor -%}{%- endif -%}",
+    "{{- " + _jq(END) + " -}}",
+    "{%- endfor -%}",
+    "{%- if add_generation_prompt -%}{{- " + _jq(ROLE_TOKENS['assistant']) + " -}}{%- endif -%}"])
+"`render` as a Jinja chat template (the `chat_template` of the exported HF tokenizer)."
+assert all(t == '<|' + r + '|>' for r, t in ROLE_TOKENS.items())    # the template builds role tokens from role names
 
 # %% ../nbs/0_core/02_chat.ipynb #c009
 @dataclass

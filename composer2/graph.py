@@ -23,7 +23,7 @@ MODULE_LAYERS = {
     'config': 'core', 'io': 'core', 'chat': 'core',
     'quant': 'numerics', 'kernels': 'numerics', 'lowp': 'numerics',
     'data': 'data', 'tokenizer': 'data',
-    'model': 'model', 'decoding': 'model',
+    'model': 'model', 'decoding': 'model', 'rope': 'model', 'hf': 'model',
     'parallel': 'parallel', 'parallel_plan': 'parallel',
     'train': 'train', 'pretrain': 'train', 'pretrain_cp': 'train', 'sft': 'train', 'evaluate': 'train', 'mtp': 'train',
     'speculative': 'train',

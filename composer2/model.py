@@ -13,27 +13,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ConfigError, check
+from .rope import RopeScaling, apply_rope, rope_inv_freq, rope_tables, rotate
 
 # %% auto #0
-__all__ = ['RopeScaling', 'ModelConfig', 'RMSNorm', 'rope_inv_freq', 'rope_tables', 'rotate', 'apply_rope', 'attn_plan',
-           'frozen_weights', 'Attention', 'DenseFFN', 'MoEStats', 'route', 'dispatch', 'expert_ffn', 'combine',
-           'balance_loss', 'MoE', 'ModelOutput', 'moe_infer', 'Block', 'Transformer']
+__all__ = ['ModelConfig', 'RMSNorm', 'attn_plan', 'frozen_weights', 'Attention', 'DenseFFN', 'MoEStats', 'route', 'dispatch',
+           'expert_ffn', 'combine', 'balance_loss', 'MoE', 'shared_out', 'ModelOutput', 'moe_infer', 'Block',
+           'Transformer']
 
 # %% ../nbs/3_model/00_model.ipynb #c006
-@dataclass
-class RopeScaling:
-    "How RoPE is stretched for context extension: `none`, `linear` (position interpolation) or `yarn`."
-    kind: Literal['none', 'linear', 'yarn'] = 'none'
-    factor: float = 1.0
-    original_max_seq_len: int = 0   # the context the model was trained at before extension (0: unused)
-    beta_fast: float = 32.0         # YaRN: dims rotating more than beta_fast times over the original context are kept
-    beta_slow: float = 1.0          # YaRN: dims rotating fewer than beta_slow times are fully interpolated
-    def __post_init__(self):
-        check(self.factor >= 1.0, f"rope_scaling.factor must be >= 1, got {self.factor}")
-        check(self.kind == 'none' or self.original_max_seq_len > 0,
-              "rope_scaling.original_max_seq_len must be > 0 when scaling is used")
-        check(self.beta_fast > self.beta_slow > 0, "rope_scaling needs beta_fast > beta_slow > 0")
-
 @dataclass
 class ModelConfig:
     "Shape and behaviour of the MoE transformer. Validated on construction."
@@ -56,21 +43,28 @@ class ModelConfig:
     aux_loss_coef: float = 0.01          # Switch-style load-balancing loss weight (0 disables)
     bias_update_rate: float = 0.0        # auxiliary-loss-free balancing: router bias step per update (0 disables)
     norm_eps: float = 1e-5
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True          # False: an untied lm head
+    head_size: int = 0                   # attention head dim (0: d_model // n_heads)
+    qkv_bias: bool = False               # biases on the q/k/v projections (Qwen2)
+    o_bias: bool = False                 # a bias on the attention output projection
+    qk_norm: bool = False                # RMSNorm over each q and k head before RoPE (Qwen3)
+    shared_gate: bool = False            # the shared expert's output times sigmoid(x @ gate) (Qwen2-MoE)
+    d_shared: int = 0                    # shared expert width (0: d_expert * n_shared_experts)
     init_std: float = 0.02
     precision: Literal['high', 'nvfp4_mxfp8'] = 'high'   # low-precision FFN/expert GEMMs (composer2.lowp)
     def __post_init__(self):
         for k in ['vocab_size', 'd_model', 'n_layers', 'n_heads', 'n_kv_heads', 'max_seq_len', 'n_experts', 'top_k', 'd_expert', 'd_dense']:
             check(getattr(self, k) > 0, f"model.{k} must be > 0, got {getattr(self, k)}")
-        check(self.d_model % self.n_heads == 0, f"model.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        check(self.head_size > 0 or self.d_model % self.n_heads == 0,
+              f"model.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) unless head_size is set")
         check(self.n_heads % self.n_kv_heads == 0, f"model.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        check((self.d_model // self.n_heads) % 2 == 0, "model head dim must be even for RoPE")
+        check(self.head_size >= 0 and self.head_dim % 2 == 0, "model head dim must be even for RoPE")
         check(self.top_k <= self.n_experts, f"model.top_k ({self.top_k}) must be <= n_experts ({self.n_experts})")
         check(self.n_experts <= 256, "model.n_experts must be <= 256 (routes are recorded as uint8)")
         check(0 <= self.n_dense_layers <= self.n_layers, "model.n_dense_layers must be within [0, n_layers]")
         if isinstance(self.rope_scaling, dict): self.rope_scaling = RopeScaling(**self.rope_scaling)
     @property
-    def head_dim(self) -> int: return self.d_model // self.n_heads
+    def head_dim(self) -> int: return self.head_size or self.d_model // self.n_heads
     @property
     def n_moe_layers(self) -> int: return self.n_layers - self.n_dense_layers
 
@@ -83,30 +77,6 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> tuple[torch.Tensor, float]:
-    "Inverse frequencies of RoPE after context-extension scaling, and the attention scale factor (mscale)."
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    if scaling.kind == 'none' or scaling.factor == 1.0: return inv.float(), 1.0
-    if scaling.kind == 'linear': return (inv / scaling.factor).float(), 1.0
-    turns = scaling.original_max_seq_len * inv / (2 * math.pi)       # rotations of each dim over the original context
-    ramp = ((turns - scaling.beta_slow) / (scaling.beta_fast - scaling.beta_slow)).clamp(0, 1)  # 1: keep, 0: interpolate
-    inv = inv / scaling.factor * (1 - ramp) + inv * ramp
-    return inv.float(), 0.1 * math.log(scaling.factor) + 1.0
-
-def rope_tables(pos, inv_freq, mscale: float = 1.0):
-    "cos and sin [B, T, 1, D/2] (mscale folded in) of integer positions `pos` [B, T]; computed once per forward."
-    ang = pos.to(inv_freq.device).float()[:, :, None, None] * inv_freq
-    return torch.cos(ang) * mscale, torch.sin(ang) * mscale
-
-def rotate(x, cos, sin):
-    "Rotate `x` [B, T, H, D] by the tables of `rope_tables`."
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
-
-def apply_rope(x, pos, inv_freq, mscale: float = 1.0):
-    "Rotate `x` [B, H, T, D] by the angles of integer positions `pos` [B, T]."
-    return rotate(x.transpose(1, 2), *rope_tables(pos, inv_freq, mscale)).transpose(1, 2)
 
 # %% ../nbs/3_model/00_model.ipynb #c014
 def attn_plan(cache, T: int, device):
@@ -156,16 +126,21 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg, self.nh, self.nkv, self.hd = cfg, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.o_bias)
+        self.q_norm, self.k_norm = (RMSNorm(self.hd, cfg.norm_eps), RMSNorm(self.hd, cfg.norm_eps)) if cfg.qk_norm else (None, None)
     def forward(self, x, pos, inv_freq, mscale, cache=None, layer=0, attn_fn=None, rope=None, plan=None):
         "`rope` (cos, sin) and `plan` (`attn_plan`) may be passed in, computed once for all layers."
         B, T, _ = x.shape; nh, nkv = self.nh, self.nkv
         if torch.is_grad_enabled(): qkv = torch.cat([self.wq(x), self.wk(x), self.wv(x)], -1)
-        else: qkv = x @ _wt(self, 'qkv', (self.wq.weight, self.wk.weight, self.wv.weight))
+        else:
+            qkv = x @ _wt(self, 'qkv', (self.wq.weight, self.wk.weight, self.wv.weight))
+            if self.cfg.qkv_bias: qkv = qkv + torch.cat([self.wq.bias, self.wk.bias, self.wv.bias])
         qkv = qkv.view(B, T, nh + 2 * nkv, self.hd)
+        if self.q_norm is not None:                                          # Qwen3: per-head norms before RoPE
+            qkv = torch.cat([self.q_norm(qkv[:, :, :nh]), self.k_norm(qkv[:, :, nh:nh + nkv]), qkv[:, :, nh + nkv:]], 2)
         qk = rotate(qkv[:, :, :nh + nkv], *(rope or rope_tables(pos, inv_freq, mscale)))   # q and k rotated at once
         q, k, v = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), qkv[:, :, nh + nkv:].transpose(1, 2)
         if attn_fn is not None:          # e.g. ring attention over a context-parallel group
@@ -180,7 +155,7 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(q.to(dt), kk.to(dt), vv.to(dt), attn_mask=mask, is_causal=causal,
                                                enable_gqa=nkv != nh).to(q.dtype)
         o = o.transpose(1, 2).reshape(B, T, nh * self.hd)
-        return self.wo(o) if torch.is_grad_enabled() else o @ _wt(self, 'o', (self.wo.weight,))
+        return self.wo(o) if torch.is_grad_enabled() or self.cfg.o_bias else o @ _wt(self, 'o', (self.wo.weight,))
 
 # %% ../nbs/3_model/00_model.ipynb #c016
 def _linear(x, w, precision='high'):
@@ -334,7 +309,8 @@ class MoE(nn.Module):
         w1, w3, w2 = (nn.init.normal_(torch.empty(*s), std=cfg.init_std) for s in ((E, h, d), (E, h, d), (E, d, h)))
         self.w13 = nn.Parameter(torch.cat([w1, w3], 1))        # [E, 2h, d]: gate (w1) rows, then up (w3) rows
         self.w2 = nn.Parameter(w2)
-        self.shared = DenseFFN(d, h * cfg.n_shared_experts, cfg.precision) if cfg.n_shared_experts else None
+        self.shared = DenseFFN(d, cfg.d_shared or h * cfg.n_shared_experts, cfg.precision) if cfg.n_shared_experts else None
+        self.shared_gate = nn.Linear(d, 1, bias=False) if cfg.shared_gate and self.shared is not None else None
         self.register_load_state_dict_pre_hook(_fuse_w1_w3)
 
     @property
@@ -351,8 +327,12 @@ class MoE(nn.Module):
         s, idx, gates = route(self, x, routes)
         xs, counts, order, tok = dispatch(x, idx, self.cfg.n_experts)
         out = combine(expert_ffn(xs, self.w13, self.w2, counts, self.cfg.precision), gates, order, x)
-        if self.shared is not None: out = out + self.shared(x)
+        if self.shared is not None: out = out + shared_out(self, x, self.shared(x))
         return out, MoEStats(idx, *balance_loss(s, idx, valid))
+
+def shared_out(moe, x, y):
+    "The shared expert's output `y`, times sigmoid(x @ gate) when the config gates it (Qwen2-MoE)."
+    return y if moe.shared_gate is None else y * torch.sigmoid(F.linear(x, moe.shared_gate.weight))
 
 def _fuse_w1_w3(module, sd, prefix, *args):
     "Old checkpoints hold `w1` and `w3` [E, h, d] separately: concatenate them into `w13` before loading."
@@ -394,7 +374,8 @@ def moe_infer(moe, x, routes=None):
         out = combine(expert_ffn(xs, moe.w13, moe.w2, counts), gates, order, x)
     out = out.reshape(B, T, d)
     if moe.shared is not None:
-        sh = moe.shared; out = out + _swiglu(x, _wt(sh, 'w13', (sh.w1.weight, sh.w3.weight)), _wt(sh, 'w2', (sh.w2.weight,)))
+        sh = moe.shared
+        out = out + shared_out(moe, x, _swiglu(x, _wt(sh, 'w13', (sh.w1.weight, sh.w3.weight)), _wt(sh, 'w2', (sh.w2.weight,))))
     return out, idx
 
 def _inputs(cfg, ids, cache, input_lens, positions):
@@ -444,6 +425,7 @@ class Transformer(nn.Module):
 
     def _init(self, m):
         if isinstance(m, (nn.Linear, nn.Embedding)): nn.init.normal_(m.weight, std=self.cfg.init_std)
+        if isinstance(m, nn.Linear) and m.bias is not None: nn.init.zeros_(m.bias)
 
     def set_rope_scaling(self, scaling: RopeScaling, max_seq_len: int | None = None):
         "Switch RoPE to a new scaling (context extension) without touching the weights."

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ConfigError, check
-from .model import MoE, MoEStats, Attention, DenseFFN, balance_loss, combine, dispatch, expert_ffn, route
+from .model import MoE, MoEStats, Attention, DenseFFN, balance_loss, combine, dispatch, expert_ffn, route, shared_out
 
 # %% auto #0
 __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigzag_unshard', 'lse_merge', 'ring_attention',
@@ -330,7 +330,7 @@ class EPMoE(nn.Module):
         self.register_buffer('router_bias', moe.router_bias.detach().clone())
         self.w13 = nn.Parameter(moe.w13.detach()[sl].clone())     # fused gate/up weights [El, 2h, d]
         self.w2 = nn.Parameter(moe.w2.detach()[sl].clone())
-        self.shared = _clone(moe.shared)
+        self.shared, self.shared_gate = _clone(moe.shared), _clone(moe.shared_gate)
 
     scores = MoE.scores
 
@@ -351,7 +351,7 @@ class EPMoE(nn.Module):
         y = expert_ffn(xe, self.w13, self.w2, lc, cfg.precision)
         if W > 1: y = all_to_all(y[inv], send, recv, self.group)           # combine: outputs go home
         out = combine(y, gates, order, x)
-        if self.shared is not None: out = out + self.shared(x)
+        if self.shared is not None: out = out + shared_out(self, x, self.shared(x))
         return out, MoEStats(idx, *balance_loss(s, idx, valid))
 
 def shard_experts(model, group=None):
@@ -415,6 +415,8 @@ class TPAttention(Attention):
         self.cfg, self.nh, self.nkv, self.hd, self.group = attn.cfg, attn.nh // W, attn.nkv // W, attn.hd, group
         self.wq, self.wk, self.wv = (ColumnParallelLinear(l, group, copy_input=False) for l in (attn.wq, attn.wk, attn.wv))
         self.wo = RowParallelLinear(attn.wo, group)
+        if attn.cfg.qkv_bias or attn.cfg.o_bias: raise ConfigError("tensor parallelism does not shard attention biases yet")
+        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm                 # per head: the same on every shard
     def forward(self, x, *args, **kw):
         return super().forward(copy_to_tp(x, self.group), *args, **kw)   # one gradient all-reduce for q, k and v
 

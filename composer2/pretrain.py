@@ -46,6 +46,9 @@ def build_model(stage_cfg: PretrainConfig, model_cfg: ModelConfig | None, vocab_
         torch.manual_seed(0)
         return Transformer(model_cfg), {}
     model, meta = load_model(stage_cfg.init)
+    if model.cfg.vocab_size != vocab_size:        # e.g. an `hf:` model: its own tokenizer is not wired into the stages yet
+        raise ConfigError(f"init {stage_cfg.init}: the model's vocabulary ({model.cfg.vocab_size}) differs from the tokenizer's "
+                          f"({vocab_size}){'; the model brings tokenizer ' + meta['tokenizer'] if 'hf' in meta else ''}")
     if stage_cfg.context_factor > 1:
         old = model.cfg.max_seq_len
         model.set_rope_scaling(RopeScaling(stage_cfg.rope_scaling, float(stage_cfg.context_factor), old),

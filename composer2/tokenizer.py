@@ -12,7 +12,7 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 
-from .chat import EOS, PAD, SPECIAL_TOKENS
+from .chat import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS
 from .config import check
 
 # %% auto #0
@@ -69,6 +69,18 @@ class Tokenizer:
     def eos_id(self) -> int: return self.token_id(EOS)
     @property
     def pad_id(self) -> int: return self.token_id(PAD)
+    @property
+    def bos_id(self) -> int: return self.token_id(BOS)
+    def save_hf(self, out_dir):
+        """Write a complete HF tokenizer directory: `tokenizer.json`, and `tokenizer_config.json` with the bos/eos/pad
+        tokens, the other reserved strings as additional special tokens and `chat_template` (`composer2.chat.render`)."""
+        out = Path(out_dir); out.mkdir(parents=True, exist_ok=True); self.save(out / 'tokenizer.json')
+        special = dict(bos_token=BOS, eos_token=EOS, pad_token=PAD)
+        extra = [t for t in SPECIAL_TOKENS if t not in special.values()]
+        cfg = dict(tokenizer_class='PreTrainedTokenizerFast', **special, unk_token=None, additional_special_tokens=extra,
+                   add_bos_token=False, add_eos_token=False, clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE)
+        for name, d in (('tokenizer_config.json', cfg), ('special_tokens_map.json', {**special, 'additional_special_tokens': extra})):
+            tmp = out / (name + '.tmp'); tmp.write_text(json.dumps(d, indent=2, ensure_ascii=False) + '\n'); os.replace(tmp, out / name)
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c010
 SPLITS = ['general', 'code_train', 'code_val', 'heldout']

@@ -122,7 +122,13 @@ def save_checkpoint(path, model: Transformer, optimizer=None, scheduler=None, st
     return write_checkpoint(path, write, {'step': step, 'model_config': to_dict(model.cfg), **(meta or {})})
 
 def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
-    "Rebuild the model of a checkpoint (config from its meta, weights verified); `overrides` change config keys."
+    """Rebuild the model of a checkpoint (config from its meta, weights verified); `overrides` change config keys.
+    `hf:DIR` imports a Hugging Face Qwen2-MoE / Qwen3-MoE directory (`composer2.hf.import_hf`); its meta names DIR
+    as the model's tokenizer (`meta['tokenizer']`)."""
+    if str(path).startswith('hf:'):
+        from composer2.hf import import_hf
+        model = import_hf(str(path)[3:], **overrides)
+        return model.to(device), {'model_config': to_dict(model.cfg), 'hf': str(path)[3:], 'tokenizer': str(path)[3:]}
     meta = read_meta(path)
     mc = dict(meta['model_config']); mc.update(overrides)
     model = Transformer(from_dict(ModelConfig, mc, 'model_config'))

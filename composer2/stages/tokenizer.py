@@ -24,7 +24,7 @@ def run(params: str = 'params.yaml') -> dict:
     docs = {s: read_docs(cdir / f'{s}.jsonl') for s in SPLITS}
     train_texts = [d.text for d in docs['general']] + [d.text for d in docs['code_train']]
     tok = Tokenizer.train(train_texts, cfg.vocab_size, cfg.min_frequency)
-    tok.save(Path(cfg.out_dir) / 'tokenizer.json')
+    tok.save_hf(cfg.out_dir)                     # tokenizer.json + tokenizer_config.json (chat template)
     write_resolved(cfg.out_dir, tokenizer=cfg)
     stats = {}
     for s in SPLITS:
