@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os, sys, time
 from pathlib import Path
 
-from ..bench import BenchConfig, evaluate, load_frozen, summarize
+from ..bench import BenchConfig, load_frozen, run_bench
 from ..config import ConfigError, load_section, write_json, write_resolved
 from ..env import SANDBOX_UID, overlay_available
 from . import write_metrics
@@ -38,8 +38,8 @@ def run(params: str = 'params.yaml') -> dict:
     res, per_task = {}, {}
     for a in cfg.agents:
         ta = time.time()
-        eps = evaluate(tasks, a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality)
-        s = summarize(eps, cfg.ks)
+        s = run_bench(tasks, a, out_dir / a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality, cfg.ks)  # + transcripts, predictions
+        eps = [json.loads(l) for l in (out_dir / a / 'episodes.jsonl').read_text().splitlines()]
         per_task[a] = s.pop('per_task'); s['seconds'] = round(time.time() - ta, 1)
         res[a] = s
         tmp = out_dir / f'{a}.jsonl.tmp'; tmp.write_text(''.join(json.dumps(e) + '\n' for e in eps)); os.replace(tmp, out_dir / f'{a}.jsonl')
