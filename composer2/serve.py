@@ -125,7 +125,7 @@ def parse_request(body: dict, model_id: str) -> ChatRequest:
     mt = body.get('max_completion_tokens', body.get('max_tokens'))
     return ChatRequest(to_messages(body.get('messages'), specs if choice != 'none' else []), specs, prefill, choice != 'none',
                        _num({'max_tokens': mt}, 'max_tokens', 1, 1 << 20, None, int), _num(body, 'temperature', 0, 2, 1.0),
-                       _num(body, 'top_p', 1e-6, 1, 1.0), stop, _num(body, 'seed', -(1 << 63), (1 << 63) - 1, None, int),
+                       max(_num(body, 'top_p', 0, 1, 1.0), 1e-9), stop, _num(body, 'seed', -(1 << 63), (1 << 63) - 1, None, int),
                        bool(body.get('stream', False)), bool(body.get('ignore_eos', False)))
 
 # %% ../nbs/6_harness/14_serve.ipynb #c012
@@ -155,7 +155,7 @@ class Engine:
         self.model, self.tok, self.max_batch = model, tok, max_batch
         self.max_len, self.dev = model.cfg.max_seq_len, next(model.parameters()).device
         self.stop_ids = {tok.token_id(END), tok.token_id(EOS)}
-        self.waiting, self.rows, self.cache = queue.Queue(), [], None
+        self.waiting, self.rows, self.cache, self._new = queue.Queue(), [], None, []
         self.stats = {'requests': 0, 'prefills': 0, 'steps': 0, 'max_batch': 0, 'batch_sizes': {}}
         threading.Thread(target=self._loop, daemon=True, name='composer2-engine').start()
     def submit(self, s: _Seq): self.stats['requests'] += 1; self.waiting.put(s)
@@ -165,15 +165,15 @@ class Engine:
                 try:
                     self._admit(block=not self.rows)
                     if self.rows: self._step()
-                except Exception as e:      # never a dead engine: fail the batch, keep serving
-                    for s in self.rows: s.emit(('error', f'{type(e).__name__}: {e}'))
-                    self.rows, self.cache = [], None
+                except Exception as e:      # never a dead engine: fail the batch (and any newcomers), keep serving
+                    for s in self.rows + [s for s in self._new if s not in self.rows]: s.emit(('error', f'{type(e).__name__}: {e}'))
+                    self.rows, self.cache, self._new = [], None, []
     def _admit(self, block: bool):
         new = [self.waiting.get()] if block else []
         while len(self.rows) + len(new) < self.max_batch:
             try: new.append(self.waiting.get_nowait())
             except queue.Empty: break
-        new = [s for s in new if not s.cancelled]
+        self._new = new = [s for s in new if not s.cancelled]
         if not new: return
         lens = [len(s.prompt) for s in new]; P = max(lens)
         c = KVCache.for_model(self.model, len(new), self.max_len)
@@ -210,7 +210,7 @@ class Engine:
             if keep: self.cache.select(keep)
             else: self.cache = None
 
-# %% ../nbs/6_harness/14_serve.ipynb #c017
+# %% ../nbs/6_harness/14_serve.ipynb #c019
 def _result(req: ChatRequest, text: str, finish: str) -> tuple[str | None, list[dict], str]:
     "The reply text -> (content, OpenAI tool_calls, finish_reason)."
     text = req.prefill + text
@@ -223,7 +223,7 @@ def _result(req: ChatRequest, text: str, finish: str) -> tuple[str | None, list[
 
 def _sse(obj) -> str: return 'data: ' + json.dumps(obj, ensure_ascii=False) + '\n\n'
 
-# %% ../nbs/6_harness/14_serve.ipynb #c018
+# %% ../nbs/6_harness/14_serve.ipynb #c020
 def make_app(engine: Engine, model_id: str) -> FastAPI:
     app, tok, created = FastAPI(title='composer2'), engine.tok, int(time.time())
     card = {'id': model_id, 'object': 'model', 'created': created, 'owned_by': 'composer2', 'max_model_len': engine.max_len}
@@ -240,7 +240,7 @@ def make_app(engine: Engine, model_id: str) -> FastAPI:
         if name != model_id: raise APIError(f"The model {name!r} does not exist", 404, 'model_not_found', 'model')
         return card
     @app.get('/v1/stats')
-    async def stats(): return engine.stats
+    async def stats(): return {**engine.stats, 'batch_sizes': dict(engine.stats['batch_sizes']), 'running': len(engine.rows)}
 
     @app.post('/v1/chat/completions')
     async def chat(request: Request):
@@ -272,7 +272,7 @@ def make_app(engine: Engine, model_id: str) -> FastAPI:
         return StreamingResponse(_stream(req, seq, q, head, usage), media_type='text/event-stream')
     return app
 
-# %% ../nbs/6_harness/14_serve.ipynb #c019
+# %% ../nbs/6_harness/14_serve.ipynb #c021
 async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usage):
     "Server-sent events of one request: prose as it comes (held back from a `<|tool_call|>` or a partial stop string on)."
     chunk = lambda delta, finish=None: _sse({**head, 'object': 'chat.completion.chunk', 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})
@@ -299,7 +299,7 @@ async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usa
         yield 'data: [DONE]\n\n'
     finally: seq.cancelled = True      # a client that went away frees its batch row at the next step
 
-# %% ../nbs/6_harness/14_serve.ipynb #c021
+# %% ../nbs/6_harness/14_serve.ipynb #c023
 def load_served(ckpt, tokenizer=None, device=None):
     "(model in eval mode, tokenizer) of checkpoint `ckpt`."
     from composer2.train import load_model
