@@ -156,7 +156,7 @@ class Engine:
         self.max_len, self.dev = model.cfg.max_seq_len, next(model.parameters()).device
         self.stop_ids = {tok.token_id(END), tok.token_id(EOS)}
         self.waiting, self.rows, self.cache, self._new = queue.Queue(), [], None, []
-        self.stats = {'requests': 0, 'prefills': 0, 'steps': 0, 'max_batch': 0, 'batch_sizes': {}}
+        self.stats = {'requests': 0, 'prefills': 0, 'steps': 0, 'max_batch': 0, 'batch_sizes': {}, 'cancelled': 0}
         threading.Thread(target=self._loop, daemon=True, name='composer2-engine').start()
     def submit(self, s: _Seq): self.stats['requests'] += 1; self.waiting.put(s)
     def _loop(self):
@@ -202,6 +202,7 @@ class Engine:
             if cut >= 0: text = text[:cut]
             full = len(s.tokens) >= s.max_new or len(s.prompt) + len(s.tokens) >= self.max_len
             if s.cancelled or stop or cut >= 0 or full:
+                self.stats['cancelled'] += s.cancelled
                 s.emit(('done', text, 'length' if full and not (stop or cut >= 0) else 'stop', len(s.tokens))); done.append(first + j)
             else: s.emit(('text', text, len(s.tokens)))
         if done:
@@ -254,7 +255,7 @@ def make_app(engine: Engine, model_id: str) -> FastAPI:
                            code='context_length_exceeded', param='messages')
         max_new = min(req.max_tokens or engine.max_len, engine.max_len - len(ids))
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
-        gen = torch.Generator().manual_seed(req.seed) if req.seed is not None else None
+        gen = torch.Generator(engine.dev).manual_seed(req.seed) if req.seed is not None else None   # on the model's device
         seq = _Seq(ids, max_new, req.temperature, req.top_p, gen, req.stop, req.ignore_eos,
                    lambda e: loop.call_soon_threadsafe(q.put_nowait, e))
         engine.submit(seq)
@@ -263,7 +264,12 @@ def make_app(engine: Engine, model_id: str) -> FastAPI:
         usage = lambda n: {'prompt_tokens': len(ids), 'completion_tokens': n, 'total_tokens': len(ids) + n}
         if not req.stream:
             try:
-                while (e := await q.get())[0] == 'text': pass
+                while True:
+                    try: e = await asyncio.wait_for(q.get(), 1.0)
+                    except asyncio.TimeoutError:        # a client that went away frees its batch row
+                        if await request.is_disconnected(): seq.cancelled = True; raise APIError('the client disconnected', 499) from None
+                        continue
+                    if e[0] != 'text': break
             except asyncio.CancelledError: seq.cancelled = True; raise
             if e[0] == 'error': raise APIError(e[1], 500, type='server_error')
             content, calls, finish = _result(req, e[1], e[2])

@@ -132,6 +132,16 @@ def test_concurrent_requests_share_decode_steps(server):
     assert out == solo                                  # greedy: batched answers equal the solo ones
 
 
+def test_a_client_that_goes_away_frees_its_row(server):
+    url, c = server
+    before = _stats(url)['cancelled']
+    s = c.chat.completions.create(model='tiny', messages=[{'role': 'user', 'content': 'hi'}], stream=True, extra_body={'ignore_eos': True})
+    next(iter(s)); s.close()
+    t = time.time() + 10
+    while _stats(url)['cancelled'] == before and time.time() < t: time.sleep(0.05)
+    assert _stats(url)['cancelled'] == before + 1
+
+
 @pytest.mark.parametrize('body,status,code', [
     ({'model': 'nope', 'messages': [{'role': 'user', 'content': 'hi'}]}, 404, 'model_not_found'),
     ({'model': 'tiny', 'messages': 'hi'}, 400, None),
