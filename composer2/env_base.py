@@ -405,6 +405,7 @@ def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, c
           f'--fsize={lim.fsize_mb << 20}', f'--nofile={lim.nofile}', '--core=0', '--', '/bin/sh', '-c', cmd]
     return a
 
+# %% ../nbs/6_harness/02_env_base.ipynb #c123
 def _base_env() -> dict:
     # the base interpreter, not a virtualenv's link to it: a venv may sit under /tmp, which the sandbox replaces
     bindir = os.path.dirname(os.path.realpath(sys.executable))
@@ -412,8 +413,19 @@ def _base_env() -> dict:
             'LC_ALL': 'C.UTF-8', 'TERM': 'dumb', 'USER': 'sandbox', 'PYTHONDONTWRITEBYTECODE': '1',
             'PYTHONUNBUFFERED': '1', 'PYTHONHASHSEED': '0', 'PIP_NO_INDEX': '1', 'HF_HUB_OFFLINE': '1'}
 
+def _trial() -> tuple[bool, str]:
+    "Run `echo ok` through the whole chain with the chosen bubblewrap (with a per-sandbox user namespace first, as root)."
+    why = ''
+    for userns in ([True, False] if _is_root() else [False]):
+        try:
+            r = subprocess.run(_chain(SANDBOX_UID, Limits(), None, INNER_ROOT, _base_env(), 'echo ok', userns), capture_output=True, timeout=30)
+            if r.returncode == 0 and r.stdout.strip() == b'ok': _support['userns'] = userns; return True, ''
+            why = f"bubblewrap trial failed (exit {r.returncode}): {r.stderr.decode(errors='replace').strip()[:500]}"
+        except (OSError, subprocess.TimeoutExpired) as e: why = f"bubblewrap trial failed: {e}"
+    return False, why
+
 def sandbox_support() -> tuple[bool, str]:
-    "(usable, why not): bubblewrap installed and a trial command runs in the full namespace chain."
+    "(usable, why not): bubblewrap installed and a trial command runs in the full namespace chain (another bubblewrap found is tried when the chosen one fails)."
     if 'ok' not in _support:
         ok, why = False, ''
         if not sys.platform.startswith('linux'): why = 'the sandbox needs Linux namespaces'
@@ -422,13 +434,14 @@ def sandbox_support() -> tuple[bool, str]:
             why = 'no C compiler for programs/sandbox_exec.c and setpriv/unshare (util-linux) missing'
         elif not _sandbox_exec() and not shutil.which('prlimit'): why = 'no C compiler for programs/sandbox_exec.c and prlimit (util-linux) missing'
         else:
-            for userns in ([True, False] if _is_root() else [False]):
-                try:
-                    r = subprocess.run(_chain(SANDBOX_UID, Limits(), None, INNER_ROOT, _base_env(), 'echo ok', userns),
-                                       capture_output=True, timeout=30)
-                    if r.returncode == 0 and r.stdout.strip() == b'ok': ok, why = True, ''; _support['userns'] = userns; break
-                    why = f"bubblewrap trial failed (exit {r.returncode}): {r.stderr.decode(errors='replace').strip()[:500]}"
-                except (OSError, subprocess.TimeoutExpired) as e: why = f"bubblewrap trial failed: {e}"
+            ok, why = _trial()
+            first = bwrap_info()
+            for s, p in ([] if ok or os.environ.get('COMPOSER2_BWRAP') else _bwrap_candidates()):   # the newest failed: the others
+                if p == first['path']: continue
+                _support['bwrap'] = {'path': p, 'source': s, 'version': _bwrap_version(p), 'why': f"{first['source']}'s failed its trial: {why[:200]}"}
+                if _trial()[0]: ok, why = True, ''; break
+            else:
+                if not ok: _support['bwrap'] = first
         _support['ok'], _support['why'] = ok, why
     return _support['ok'], _support['why']
 
