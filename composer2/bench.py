@@ -164,7 +164,7 @@ def run_bench(tasks: list[Task], agent: str, out_dir, samples: int = 1, max_turn
     (out / 'episodes.jsonl').write_text(''.join(json.dumps(e) + '\n' for e in eps))
     (out / 'summary.json').write_text(json.dumps(s, indent=1))
     rows = [f"| [{episode_name(e['task_id'], e['sample'])}](transcripts/{episode_name(e['task_id'], e['sample'])}.md) | {e.get('category', '')} | "
-            f"{e['resolved']} | {e.get('tool_calls', 0)} | {e.get('changed_lines', 0)} | {(e.get('error') or '')[:80]} |" for e in eps]
+            f"{e['resolved']} | {e.get('tool_calls', 0)} | {e.get('changed_lines', 0)} | {(e.get('error') or '')[:80].replace('|', '/')} |" for e in eps]
     (out / 'report.md').write_text(f"# {agent} on {len(tasks)} tasks\n\nresolved {s['resolved']:.3f} · by category {s['by_category']}\n\n"
                                    "| episode | category | resolved | tool calls | changed lines | error |\n|---|---|---|---|---|---|\n" + '\n'.join(rows) + '\n')
     return s

@@ -114,7 +114,8 @@ def parse_request(body: dict, model_id: str) -> ChatRequest:
     specs = parse_tools(body.get('tools'))
     choice = body.get('tool_choice', 'auto' if specs else 'none')
     names = {s['name'] for s in specs}
-    if choice in ('none', 'auto', 'required') and (choice == 'none' or specs): prefill = CALL_OPEN if choice == 'required' else ''
+    if choice == 'auto' and not specs: choice = 'none'      # nothing to call
+    if choice in ('none', 'auto', 'required') and (choice != 'required' or specs): prefill = CALL_OPEN if choice == 'required' else ''
     elif isinstance(choice, dict) and isinstance(choice.get('function'), dict) and choice['function'].get('name') in names:
         prefill = CALL_OPEN + '{"name": ' + json.dumps(choice['function']['name']) + ', "arguments": '
     else: raise APIError(f"tool_choice {choice!r} is not 'none', 'auto', 'required' or a function among tools", param='tool_choice')
@@ -294,6 +295,7 @@ async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usa
                 text = req.prefill + e[1]
                 if req.parse_calls and CALL_OPEN in text: text = text[:text.index(CALL_OPEN)]
                 else: text = text[:max(len(sent), len(text) - hold)]
+                text = text.rstrip('\ufffd')         # a character whose bytes are still arriving
                 if len(text) > len(sent) and text.startswith(sent): yield chunk({'content': text[len(sent):]}); sent = text
                 continue
             content, calls, finish = _result(req, e[1], e[2])

@@ -101,6 +101,10 @@ def test_openai_client(server):
     chunks = list(c.chat.completions.create(stream=True, **kw))
     assert ''.join(ch.choices[0].delta.content or '' for ch in chunks if ch.choices) == whole
     assert chunks[-1].choices[0].finish_reason == 'length'
+    # sampled bytes (a byte-level vocabulary: characters split over tokens) stream to the same text as a seeded whole reply
+    kw = dict(kw, temperature=1.0, seed=11, max_tokens=60)
+    whole = c.chat.completions.create(**kw).choices[0].message.content
+    assert ''.join(ch.choices[0].delta.content or '' for ch in c.chat.completions.create(stream=True, **kw) if ch.choices) == whole
     # the fitted tool call, plain and streamed
     r = c.chat.completions.create(model='tiny', messages=WEATHER_Q, tools=WEATHER, temperature=0)
     tc = r.choices[0].message.tool_calls
