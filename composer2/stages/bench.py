@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os, sys, time
 from pathlib import Path
 
-from ..bench import BenchConfig, evaluate, load_frozen, summarize
+from ..bench import BenchConfig, load_frozen, run_bench
 from ..config import ConfigError, load_section, write_json, write_resolved
 from ..env import SANDBOX_UID, overlay_available
 from . import write_metrics
@@ -20,7 +20,11 @@ __all__ = ['run']
 # %% ../../nbs/8_stages/09_bench.ipynb #c004
 def _sandbox_info() -> dict:
     "Which snapshot backend the episodes' sandboxes used (overlayfs layers, or the copy fallback) and what they hide."
-    return {'backend': os.environ.get('COMPOSER2_SANDBOX_BACKEND') or ('overlay' if overlay_available() else 'copy'),
+    from composer2.env_base import bwrap_info
+    b, be = bwrap_info(), os.environ.get('COMPOSER2_SANDBOX_BACKEND') or ('overlay' if overlay_available() else 'copy')
+    why = ('set by COMPOSER2_SANDBOX_BACKEND' if os.environ.get('COMPOSER2_SANDBOX_BACKEND') else 'overlayfs mounts here (root)'
+           if be == 'overlay' else 'overlayfs cannot be mounted here (needs root, or the kernel refuses)')
+    return {'backend': be, 'backend_why': why, 'bwrap': {'source': b['source'], 'version': '.'.join(map(str, b['version'])), 'why': b['why']},
             'uid': SANDBOX_UID, 'hides_original_sources': True}
 
 def run(params: str = 'params.yaml') -> dict:
@@ -38,8 +42,8 @@ def run(params: str = 'params.yaml') -> dict:
     res, per_task = {}, {}
     for a in cfg.agents:
         ta = time.time()
-        eps = evaluate(tasks, a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality)
-        s = summarize(eps, cfg.ks)
+        s = run_bench(tasks, a, out_dir / a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality, cfg.ks)  # + transcripts, predictions
+        eps = [json.loads(l) for l in (out_dir / a / 'episodes.jsonl').read_text().splitlines()]
         per_task[a] = s.pop('per_task'); s['seconds'] = round(time.time() - ta, 1)
         res[a] = s
         tmp = out_dir / f'{a}.jsonl.tmp'; tmp.write_text(''.join(json.dumps(e) + '\n' for e in eps)); os.replace(tmp, out_dir / f'{a}.jsonl')
