@@ -193,10 +193,16 @@ class Engine:
         self._take(self.model(last, cache=self.cache, stats=False).logits[:, -1], 0)
     def _take(self, logits, first: int):
         "Sample the next token of rows first.. from `logits` (one row each), emit it, and drop the rows that finished."
-        done = []
-        for j, s in enumerate(self.rows[first:]):
-            t, _ = sample_next(logits[j:j + 1], s.temperature, s.top_p, s.gen)
-            t = int(t[0]); stop = t in self.stop_ids and not s.ignore_eos
+        done, rows = [], self.rows[first:]
+        groups = {}                   # rows sampled alike share one `sample_next` (a seeded row has its own stream)
+        for j, s in enumerate(rows): groups.setdefault((s.temperature, s.top_p) if s.gen is None else j, []).append(j)
+        toks = [0] * len(rows)
+        for js in groups.values():
+            s = rows[js[0]]
+            t, _ = sample_next(logits[js] if len(js) < len(rows) else logits, s.temperature, s.top_p, s.gen)
+            for j, x in zip(js, t.tolist()): toks[j] = x
+        for j, s in enumerate(rows):
+            t = toks[j]; stop = t in self.stop_ids and not s.ignore_eos
             if not stop: s.tokens.append(t)
             text = self.tok.decode(s.tokens)
             cut = min((text.find(x) for x in s.stops if x in text), default=-1)
