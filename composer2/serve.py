@@ -331,7 +331,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import uvicorn
     model, tok = load_served(a.ckpt, a.tokenizer, a.device)
-    name = a.name or Path(a.ckpt).resolve().name
+    p = Path(a.ckpt).resolve(); name = a.name or (p.parent.name if p.name == 'ckpt' else p.name)   # data/agent_sft/ckpt: agent_sft
     app = make_app(Engine(model, tok, a.max_batch), name)
     print(f"serving {name} on http://{a.host}:{a.port}/v1 (context {model.cfg.max_seq_len} tokens)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=a.host, port=a.port, log_level='warning')
