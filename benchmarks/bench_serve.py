@@ -45,6 +45,7 @@ def main():
     print(f"engine, sequential : {tok_n / t_seq:8.0f} tok/s")
     print(f"generate, static   : {tok_n / t_gen:8.0f} tok/s")
     print(f"concurrent/sequential = {t_seq / t_conc:.2f}x   concurrent/generate = {t_gen / t_conc:.2f}x")
+    eng.close()
 
 
 if __name__ == '__main__':
