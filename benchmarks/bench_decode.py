@@ -3,8 +3,8 @@ Qwen2MoeForCausalLM holding the SAME weights, measured in one run (best of repea
 
     python benchmarks/bench_decode.py [--batches 1,32] [--prompt 64] [--new 64] [--reps 5] [--threads 2]
 
-The mapping: q/k/v/o -> q/k/v/o_proj (qkv_bias off), router -> gate, w1|w3 -> experts.gate_up_proj, w2 -> down_proj,
-the shared expert with a zero `shared_expert_gate` (sigmoid(0) = 1/2) and its down projection doubled. Prints max |dlogit|
+The HF model comes from `composer2.hf.export_hf` (Qwen2-MoE; the shared expert with a zero `shared_expert_gate`,
+sigmoid(0) = 1/2, and its down projection doubled). Prints max |dlogit|
 of a full forward, the fraction of greedy tokens that agree, tokens/s of both and the ratio ours/HF."""
 import argparse, sys, time
 import torch
@@ -16,36 +16,13 @@ from composer2.decoding import generate
 
 
 def to_hf(m):
-    "A Qwen2MoeForCausalLM with the weights of our Transformer `m` (softmax router, no dense layers)."
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-    c = m.cfg
-    assert c.router == 'softmax' and c.n_dense_layers == 0 and c.rope_scaling.kind == 'none'
-    hc = Qwen2MoeConfig(vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers,
-                        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_seq_len,
-                        rope_theta=c.rope_theta, num_experts=c.n_experts, num_experts_per_tok=c.top_k,
-                        moe_intermediate_size=c.d_expert, shared_expert_intermediate_size=c.d_expert * c.n_shared_experts,
-                        norm_topk_prob=c.norm_topk, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_embeddings,
-                        qkv_bias=False, output_router_logits=False, decoder_sparse_step=1, intermediate_size=c.d_dense,
-                        use_sliding_window=False, head_dim=c.head_dim)
-    hc.rope_parameters = {'rope_type': 'default', 'rope_theta': c.rope_theta}
-    hf = Qwen2MoeForCausalLM(hc).eval()
-    with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(m.embed.weight); hf.model.norm.weight.copy_(m.norm.weight)
-        if not c.tie_embeddings: hf.lm_head.weight.copy_(m.head.weight)
-        for L, H in zip(m.layers, hf.model.layers):
-            a, ha = L.attn, H.self_attn
-            for s, d in [(a.wq, ha.q_proj), (a.wk, ha.k_proj), (a.wv, ha.v_proj), (a.wo, ha.o_proj)]: d.weight.copy_(s.weight)
-            H.input_layernorm.weight.copy_(L.attn_norm.weight); H.post_attention_layernorm.weight.copy_(L.ffn_norm.weight)
-            f, hm = L.ffn, H.mlp
-            hm.gate.weight.copy_(f.router.weight)
-            hm.experts.gate_up_proj.copy_(torch.cat([f.w1, f.w3], 1)); hm.experts.down_proj.copy_(f.w2)
-            if f.shared is not None:
-                hm.shared_expert.gate_proj.weight.copy_(f.shared.w1.weight); hm.shared_expert.up_proj.weight.copy_(f.shared.w3.weight)
-                hm.shared_expert.down_proj.weight.copy_(2 * f.shared.w2.weight); hm.shared_expert_gate.weight.zero_()
-            else:
-                hm.shared_expert.down_proj.weight.zero_()
-    return hf
-
+    "A transformers model holding the weights of our Transformer `m`, through `composer2.hf.export_hf` (the one mapping)."
+    import tempfile
+    from transformers import AutoModelForCausalLM
+    from composer2.hf import export_hf
+    with tempfile.TemporaryDirectory() as d:
+        export_hf(m, d)
+        return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
