@@ -80,6 +80,12 @@ class KVCache:
         for dst, src in ((self.k, sub.k), (self.v, sub.v)):
             for t, s in zip(dst, src): t[rows, :, :n] = s[:, :, :n]
         lengths = self.lengths.clone(); lengths[rows] = sub.lengths; self.lengths = lengths
+    def cat(self, other: 'KVCache') -> 'KVCache':
+        "A cache with this cache's rows, then `other`'s (same capacity): new requests join a running batch."
+        if other.max_len != self.max_len: raise ValueError(f'KVCache.cat: capacities differ ({self.max_len} vs {other.max_len})')
+        c = KVCache.__new__(KVCache); c.max_len = self.max_len
+        c.k = [torch.cat([x, y]) for x, y in zip(self.k, other.k)]; c.v = [torch.cat([x, y]) for x, y in zip(self.v, other.v)]
+        c.lengths = torch.cat([self.lengths, other.lengths]); return c
     def select(self, rows):
         "Keep only batch rows `rows` (e.g. drop finished sequences)."
         rows = torch.as_tensor(rows, device=self.lengths.device, dtype=torch.long)

@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .chat import CALL_OPEN, END, EOS, ChatFormatError, Message, ToolCall, parse_assistant, render
-from .decoding import sample_next
-from .model import KVCache, frozen_weights
+from .decoding import KVCache, sample_next
+from .model import frozen_weights
 
 # %% auto #0
 __all__ = ['TOOLS_HEADER', 'APIError', 'parse_tools', 'tools_text', 'to_messages', 'ChatRequest', 'parse_request', 'Engine',
@@ -143,12 +143,6 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False
 
-def _cat_caches(a: KVCache, b: KVCache) -> KVCache:
-    "One cache with the rows of `a` then those of `b` (same capacity)."
-    c = KVCache.__new__(KVCache); c.max_len = a.max_len
-    c.k = [torch.cat([x, y]) for x, y in zip(a.k, b.k)]; c.v = [torch.cat([x, y]) for x, y in zip(a.v, b.v)]
-    c.lengths = torch.cat([a.lengths, b.lengths]); return c
-
 # %% ../nbs/6_harness/14_serve.ipynb #c013
 class Engine:
     "Continuous batching over the model's KV-cached decoding (see above)."
@@ -189,7 +183,7 @@ class Engine:
         lt = torch.tensor(lens, device=self.dev)
         out = self.model(ids, cache=c, input_lens=lt, stats=False, logits_at=lt - 1)
         self.stats['prefills'] += 1
-        self.cache = c if self.cache is None else _cat_caches(self.cache, c)
+        self.cache = c if self.cache is None else self.cache.cat(c)
         self.rows += new
         self._take(out.logits[:, 0], len(self.rows) - len(new))
     def _step(self):
