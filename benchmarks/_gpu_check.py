@@ -153,7 +153,8 @@ def workspace_params(mode: str, steps: int, prose: Path) -> dict:
     tr = p['base']['train']
     tr.update(steps=steps, warmup_steps=min(int(tr.get('warmup_steps', 0)), steps // 10), eval_every=steps,
               ckpt_every=0, log_every=10 if steps >= 10 else 1)
-    if mode == 'dry': tr.update(threads=1, eval_windows=2)
+    if mode == 'dry':                                    # keep the CPU check quick: small files only, one thread
+        p['data']['max_file_bytes'] = 30000; tr.update(threads=1, eval_windows=2)
     return p
 
 
@@ -187,7 +188,7 @@ def _run_base(ws, env, cap, log):
                               env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         t0, first, last, n_last, capped = time.time(), None, None, 0, False
         while pr.poll() is None:
-            time.sleep(1.0)
+            time.sleep(0.5)
             n = len(_losses(ws))
             if n != n_last:
                 now = time.time()

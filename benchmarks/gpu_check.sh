@@ -15,6 +15,7 @@
 #
 # Usage: benchmarks/gpu_check.sh [JSON] [--json JSON] [--dry-run] [--steps N] [--budget SECONDS] [--parts LIST]
 #                                [--workdir DIR] [--keep]
+#   --workdir  scratch folder, kept (default: a temporary one, removed at the end unless --keep)
 #   JSON       default $OUT/gpu_check.json when $OUT is set, else ./gpu_check.json
 #   --dry-run  CPU plumbing check: collect (not run) the CUDA tests, gpu_bench.py at tiny sizes on the CPU (reference
 #              path), and the base part with the smoke profile's sizes for 2 steps on the CPU; no GPU needed
@@ -75,7 +76,9 @@ else PY=$(command -v python3 || true); fi
 command -v timeout >/dev/null || bare_json env_error "the 'timeout' command (coreutils) is missing" 3
 export PATH="$(dirname "$PY"):$PATH" PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
-if [ -n "$WORK" ]; then mkdir -p "$WORK"; else WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX"); fi
+# Scratch space (logs, the workspace, its checkpoint): a fresh temporary folder, removed at the end unless --keep;
+# a --workdir folder is kept (only its parts/ and ws/ are rewritten).
+if [ -n "$WORK" ]; then mkdir -p "$WORK" && KEEP=1; else WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX"); fi
 WORK=$(cd "$WORK" && pwd)
 PARTS=$WORK/parts; rm -rf "$PARTS"; mkdir -p "$PARTS"
 cleanup() { [ $KEEP = 1 ] || rm -rf "$WORK"; }
