@@ -93,7 +93,7 @@ def tests(a) -> int:
         if not res['passed']: res['error'] = f"collection failed or found no GPU tests (pytest rc {a.rc})"; res['log_tail'] = tail(a.log)
         dump(a.out, res); return 0 if res['passed'] else 1
     counts = {'passed': 0, 'failed': 0, 'error': 0, 'skipped': 0}
-    failures, skipped, gpu_skipped = [], [], []
+    failures, skipped, gpu_skipped, gpu_passed = [], [], [], 0
     try: cases = list(ET.parse(a.junit).getroot().iter('testcase'))
     except (OSError, ET.ParseError) as e:
         res['error'] = f"no junit report ({e}); pytest rc {a.rc}"; res['log_tail'] = tail(a.log)
@@ -110,9 +110,11 @@ def tests(a) -> int:
             msg = kids['skipped'].get('message') or ''
             skipped.append({'test': name, 'reason': msg[:300]})
             if GPU_SKIP.search(msg): gpu_skipped.append(name)
-        else: counts['passed'] += 1
+        else:
+            counts['passed'] += 1
+            gpu_passed += 'gpu' in (c.get('name') or '')
     res.update(counts=counts, failures=failures, skipped=skipped, gpu_tests_skipped=gpu_skipped, pytest_rc=a.rc,
-               gpu_tests_passed=sum(1 for c in cases if 'gpu' in (c.get('name') or '') and not list(c)))
+               gpu_tests_passed=gpu_passed)
     res['passed'] = a.rc == 0 and not failures and not gpu_skipped and counts['passed'] > 0 and res['gpu_tests_passed'] > 0
     if not res['passed']:
         why = []
@@ -276,7 +278,8 @@ def merge(a) -> int:
     parts_dir = Path(a.parts)
     envd = json.loads((parts_dir / 'env.json').read_text()) if (parts_dir / 'env.json').exists() else {}
     out = {'schema': 'composer2.gpu_check/1', 'mode': a.mode, 'started_utc': a.started, 'wall_s': a.wall,
-           'budget_s': a.budget, 'env': envd, 'parts': {}}
+           'budget_s': a.budget, 'gpu': envd.get('gpu_name'), 'torch': envd.get('torch'), 'cupy': envd.get('cupy'),
+           'env': envd, 'parts': {}}
     for name in a.names:
         run = {}
         rf = parts_dir / f'{name}.run'
