@@ -156,7 +156,7 @@ def workspace_params(mode: str, steps: int, prose: Path) -> dict:
     tr.update(steps=steps, warmup_steps=min(int(tr.get('warmup_steps', 0)), steps // 10), eval_every=steps,
               ckpt_every=0, log_every=10 if steps >= 10 else 1)
     if mode == 'dry':                                    # keep the CPU check quick: small files only, one thread
-        p['data']['max_file_bytes'] = 30000; tr.update(threads=1, eval_windows=2)
+        p['data']['max_file_bytes'] = 12000; tr.update(threads=1, eval_windows=2)
     return p
 
 

@@ -11,7 +11,8 @@
 #               this repository's composer2/ and benchmarks/ sources and its Markdown files: no network, no DVC.
 #               base runs --steps steps (default 300), capped by the time left; it passes with >= 50 finite losses
 #               that fell by 10%.
-# Then ONE JSON summary: per part passed/error/figures/wall time, the GPU, torch/cupy versions (schema in README).
+# Time limits: cuda_tests 150 s, gpu_bench 100 s, base_stage what is left of --budget (480 s) less 15 s for the summary.
+# Then ONE JSON summary: per part passed/error/figures/wall time, the GPU, torch/cupy versions (keys: README, GPU check).
 #
 # Usage: benchmarks/gpu_check.sh [JSON] [--json JSON] [--dry-run] [--steps N] [--budget SECONDS] [--parts LIST]
 #                                [--workdir DIR] [--keep]
