@@ -35,7 +35,12 @@ def _run(cmd, **kw) -> str:
 # ---------------------------------------------------------------- env
 def env(a) -> int:
     info = {'python': sys.executable, 'python_version': platform.python_version(), 'platform': platform.platform(),
-            'cpus': os.cpu_count(), 'repo': str(REPO), 'git_commit': _run(['git', 'rev-parse', 'HEAD'], cwd=REPO)[:40]}
+            'cpus': os.cpu_count(), 'repo': str(REPO)}
+    try:
+        sys.path.insert(0, str(REPO))
+        from composer2.config import git_commit
+        info['git_commit'] = git_commit(REPO)             # '<sha>[-dirty]', or 'unknown' outside git
+    except Exception as e: info['git_commit'] = f'unknown ({type(e).__name__})'
     try: import torch
     except Exception as e:
         info['error'] = f"cannot import torch with {sys.executable}: {e}"
@@ -219,7 +224,7 @@ def base(a) -> int:
     t0 = time.time(); deadline = t0 + a.budget
     log = work / 'base_stage.log'
     res = {'mode': a.mode, 'passed': False, 'steps_requested': a.steps, 'budget_s': a.budget, 'timings_s': {}, 'log': str(log)}
-    env = {**os.environ, 'PYTHONPATH': str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', ''), 'TQDM_MININTERVAL': '5'}
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')])), 'TQDM_MININTERVAL': '5'}
     try:
         if ws.exists(): shutil.rmtree(ws)
         ws.mkdir(parents=True)
@@ -246,7 +251,8 @@ def base(a) -> int:
         rc, capped, losses, rate = _run_base(ws, env, cap, log)
         res['timings_s']['base'] = round(time.time() - tb, 2)
         res.update(rc=rc, capped=capped, steps_done=len(losses), first_loss=losses[0] if losses else None,
-                   last_loss=sum(losses[-10:]) / len(losses[-10:]) if losses else None, steps_per_s=rate)
+                   last_loss=sum(losses[-10:]) / len(losses[-10:]) if losses else None, steps_per_s=rate,
+                   loss_curve={i + 1: round(losses[i], 4) for i in range(0, len(losses), max(1, len(losses) // 20))})
         mpath = ws / 'reports' / 'metrics' / 'base.json'
         if mpath.exists() and not capped: res['metrics'] = json.loads(mpath.read_text())
         active = (res.get('metrics') or {}).get('params_active') or _active_params(p['model'])
