@@ -92,7 +92,10 @@ merge() {  # extra merge flags
 }
 
 # ---- preflight: python, torch, cupy, the GPU
-"$PY" "$HERE/_gpu_check.py" env --out "$PARTS/env.json"; ENV_RC=$?
+timeout -k 5 120 "$PY" "$HERE/_gpu_check.py" env --out "$PARTS/env.json"; ENV_RC=$?
+if [ $ENV_RC = 124 ] || [ $ENV_RC = 137 ]; then
+  bare_json env_error "$PY did not report torch and the GPU within 120 s (a hung driver?)" 3
+fi
 if [ $ENV_RC = 3 ] || [ ! -s "$PARTS/env.json" ]; then
   bare_json env_error "$PY cannot import torch (run 'make install', or set PYTHON to a python that has the repository's requirements)" 3
 fi
