@@ -9,11 +9,12 @@ CPU: composer2.quant's reference quantizers and the fused numba ones (fast_fake_
 rounding) in GB/s of fp32 input read, as a fraction of `dst.copy_(src)` of the same tensor (read + write of the fp32
 input: the bandwidth a fused one-pass quantizer could at best reach). The reference is a chain of torch elementwise
 ops, so expect a small fraction; the CUDA kernels are the fused path.
-GPU (skipped without CUDA + cupy): composer2.kernels quantize GB/s as a fraction of a device-to-device copy (goal
->= 0.8), and grouped-GEMM TFLOP/s against torch bf16 matmul in the same run (one GEMM of the same total FLOPs, and
-one matmul per expert of the same grouped shapes): the fp32 SIMT and NVFP4-operand SIMT kernels (including their
-quantisation), then on pre-quantised operands the NVFP4 SIMT kernel and, on sm_80+, the bf16 tensor-core NVFP4 and
-MXFP8 kernels (grouped_gemm_tc.cu; dequantise code x block scale to bf16 in shared memory, fp32 accumulation)."""
+GPU (skipped without CUDA + cupy): benchmarks/gpu_bench.py's figures (also stored by benchmarks/gpu_check.sh):
+composer2.kernels quantize GB/s as a fraction of a device-to-device copy (goal >= 0.8), and grouped-GEMM TFLOP/s
+against torch bf16 matmul in the same run (one GEMM of the same total FLOPs, and one matmul per expert of the same
+grouped shapes): the fp32 SIMT and NVFP4-operand SIMT kernels (including their quantisation), then on pre-quantised
+operands the NVFP4 SIMT kernel and, on sm_80+, the bf16 tensor-core NVFP4 and MXFP8 kernels (grouped_gemm_tc.cu;
+dequantise code x block scale to bf16 in shared memory, fp32 accumulation)."""
 import argparse, sys
 import torch
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
@@ -84,43 +85,5 @@ from composer2 import kernels as KN
 if not KN.cuda_available():
     print("GPU: no CUDA device (or no cupy): kernel benchmarks not run")
     sys.exit(0)
-
-dev = 'cuda'
-xg = torch.randn(16384, 8192, device=dev)
-nb = xg.numel() * 4
-dg = torch.empty_like(xg)
-t_d2d = best_time(lambda: dg.copy_(xg), repeat=20)
-print(f"GPU {torch.cuda.get_device_name()}: x fp32 [16384, 8192]: device-to-device copy {nb / t_d2d / 1e9:.0f} GB/s")
-for name, fn in {'nvfp4 row': lambda: KN.nvfp4_quantize(xg, 'row'), 'nvfp4 tensor': lambda: KN.nvfp4_quantize(xg, 'tensor'),
-                 'nvfp4 16x16': lambda: KN.nvfp4_quantize(xg, 'tensor', block2d=True),
-                 'mxfp8 e4m3': lambda: KN.mxfp8_quantize(xg, 'e4m3', 'rceil'),
-                 'nvfp4 dequantize': (lambda q: (lambda: KN.nvfp4_dequantize(q)))(KN.nvfp4_quantize(xg, 'row')),
-                 'mxfp8 dequantize': (lambda q: (lambda: KN.mxfp8_dequantize(q)))(KN.mxfp8_quantize(xg))}.items():
-    t = best_time(fn, repeat=20)
-    print(f"  {name:18s} {nb / t / 1e9:8.0f} GB/s of fp32 = {t_d2d / t:5.2f} x D2D copy (goal >= 0.8)")
-E, N, d, h = 16, 16384, 1024, 2048
-xs = torch.randn(N, d, device=dev); w = torch.randn(E, h, d, device=dev) / 32
-counts = [N // E] * E
-flops = 2 * N * d * h
-a16, b16 = torch.randn(N, d, device=dev, dtype=torch.bfloat16), torch.randn(d, h, device=dev, dtype=torch.bfloat16)
-t_bf16 = best_time(lambda: a16 @ b16, repeat=20)
-print(f"grouped GEMM, {E} experts x {N // E} rows, {d} -> {h}: torch bf16 matmul (one GEMM, same FLOPs) {flops / t_bf16 / 1e12:.1f} TFLOP/s")
-for name, fn in {'grouped_gemm fp32 (SIMT)': lambda: KN.grouped_gemm(xs, w, counts),
-                 'nvfp4_grouped_gemm (dequant in tile)': lambda: KN.nvfp4_grouped_gemm(xs, w, counts)}.items():
-    t = best_time(fn, repeat=5)
-    print(f"  {name:38s} {flops / t / 1e12:6.2f} TFLOP/s = {t_bf16 / t:.3f} x bf16 matmul")
-
-a16s, w16 = xs.bfloat16(), w.bfloat16()
-offs = [sum(counts[:e]) for e in range(E)]
-t_bf16g = best_time(lambda: [a16s[o:o + n] @ w16[e].t() for e, (o, n) in enumerate(zip(offs, counts))], repeat=10)
-print(f"  {'torch bf16, one matmul per expert':38s} {flops / t_bf16g / 1e12:6.2f} TFLOP/s = {t_bf16 / t_bf16g:.3f} x bf16 matmul")
-xq, wq = KN.nvfp4_quantize(xs, 'row'), KN.quantize_experts_nvfp4(w)
-cases = {'nvfp4 SIMT (operands pre-quantised)': lambda: KN.nvfp4_grouped_gemm_q(xq, wq, counts, tensor_cores=False)}
-if torch.cuda.get_device_capability() >= KN.TC_MIN_CAPABILITY:
-    mq, mw = KN.mxfp8_quantize(xs, 'e4m3'), KN.mxfp8_quantize(w, 'e4m3')
-    cases['nvfp4 tensor cores (pre-quantised)'] = lambda: KN.nvfp4_grouped_gemm_q(xq, wq, counts, tensor_cores=True)
-    cases['mxfp8 e4m3 tensor cores (pre-quantised)'] = lambda: KN.mxfp8_grouped_gemm_q(mq, mw, counts, tensor_cores=True)
-else: print(f"  tensor-core grouped GEMMs need sm_80+; this device is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
-for name, fn in cases.items():
-    t = best_time(fn, repeat=10)
-    print(f"  {name:38s} {flops / t / 1e12:6.2f} TFLOP/s = {t_bf16 / t:.3f} x bf16 matmul")
+from gpu_bench import gpu_figures, print_figures            # the GPU figures: one implementation, shared with gpu_check.sh
+print_figures(gpu_figures('cuda'))
