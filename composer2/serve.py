@@ -287,19 +287,26 @@ def make_app(engine: Engine, model_id: str) -> FastAPI:
             content, calls, finish = _result(req, e[1], e[2])
             msg = {'role': 'assistant', 'content': content, **({'tool_calls': calls} if calls else {})}
             return {**head, 'object': 'chat.completion', 'choices': [{'index': 0, 'message': msg, 'finish_reason': finish}], 'usage': usage(e[3])}
-        return StreamingResponse(_stream(req, seq, q, head, usage), media_type='text/event-stream')
+        return StreamingResponse(_stream(req, seq, q, head, usage, request), media_type='text/event-stream')
     return app
 
 # %% ../nbs/6_harness/14_serve.ipynb #c021
-async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usage):
+async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usage, request=None):
     "Server-sent events of one request: prose as it comes (held back from a `<|tool_call|>` or a partial stop string on)."
     chunk = lambda delta, finish=None: _sse({**head, 'object': 'chat.completion.chunk', 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})
     hold = max((len(s) for s in req.stop), default=1) - 1
     sent = ''
     try:
         yield chunk({'role': 'assistant', 'content': ''})
+        polled = time.monotonic()
         while True:
-            e = await q.get()
+            try: e = await asyncio.wait_for(q.get(), 0.1)
+            except asyncio.TimeoutError: e = None
+            # a client that went away, noticed within 0.1 s even while no text is sent (only a send would notice it)
+            if request is not None and time.monotonic() - polled > 0.1:
+                polled = time.monotonic()
+                if await request.is_disconnected(): break
+            if e is None: continue
             if e[0] == 'error':
                 yield _sse(APIError(e[1], 500, type='server_error').body()); break
             if e[0] == 'text':
