@@ -19,9 +19,9 @@ from .model import MoE, MoEStats, Attention, DenseFFN, balance_loss, combine, di
 # %% auto #0
 __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigzag_unshard', 'lse_merge', 'ring_attention',
            'free_port', 'spawn_local', 'moe_aux_hooks', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather',
-           'all_to_all', 'EPMoE', 'shard_experts', 'copy_to_tp', 'reduce_from_tp', 'ColumnParallelLinear',
-           'RowParallelLinear', 'TPAttention', 'TPDenseFFN', 'tp_shard_model', 'ParallelDims', 'mesh_ranks',
-           'ParallelMesh', 'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention']
+           'all_to_all', 'GroupedExperts', 'EPMoE', 'shard_experts', 'copy_to_tp', 'reduce_from_tp',
+           'ColumnParallelLinear', 'RowParallelLinear', 'TPAttention', 'TPDenseFFN', 'tp_shard_model', 'ParallelDims',
+           'mesh_ranks', 'ParallelMesh', 'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention']
 
 # %% ../nbs/4_parallel/00_parallel.ipynb #c006
 def group_size(group=None) -> int:
@@ -316,6 +316,13 @@ def _clone(m: nn.Module | None):
     return copy.deepcopy(m, memo)
 
 # %% ../nbs/4_parallel/00_parallel.ipynb #c031
+class GroupedExperts(nn.Module):
+    "This rank's experts (`w13` [El, 2h, d], `w2` [El, d, h]) as a module of their own, so a data-parallel engine can shard them apart."
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, precision: str = 'high'):
+        super().__init__(); self.precision = precision
+        self.w13, self.w2 = nn.Parameter(w13), nn.Parameter(w2)
+    def forward(self, xs, counts): return expert_ffn(xs, self.w13, self.w2, counts, self.precision)
+
 class EPMoE(nn.Module):
     "A `composer2.model.MoE` with its experts sharded over the EP `group`; same forward signature and outputs."
     def __init__(self, moe: MoE, group=None):
@@ -328,11 +335,14 @@ class EPMoE(nn.Module):
         sl = slice(self.e0, self.e0 + self.n_local)
         self.router = _clone(moe.router)
         self.register_buffer('router_bias', moe.router_bias.detach().clone())
-        self.w13 = nn.Parameter(moe.w13.detach()[sl].clone())     # fused gate/up weights [El, 2h, d]
-        self.w2 = nn.Parameter(moe.w2.detach()[sl].clone())
+        self.experts = GroupedExperts(moe.w13.detach()[sl].clone(), moe.w2.detach()[sl].clone(), cfg.precision)
         self.shared, self.shared_gate = _clone(moe.shared), _clone(moe.shared_gate)
 
     scores = MoE.scores
+    @property
+    def w13(self): return self.experts.w13                                # fused gate/up weights [El, 2h, d]
+    @property
+    def w2(self): return self.experts.w2
 
     def forward(self, x, routes=None, valid=None):
         cfg, W, El = self.cfg, self.ep, self.n_local
@@ -348,7 +358,7 @@ class EPMoE(nn.Module):
             xe, lc = xr[o2], cin.view(W, El).sum(0)
         else:
             xe, lc = xs, counts
-        y = expert_ffn(xe, self.w13, self.w2, lc, cfg.precision)
+        y = self.experts(xe, lc)
         if W > 1: y = all_to_all(y[inv], send, recv, self.group)           # combine: outputs go home
         out = combine(y, gates, order, x)
         if self.shared is not None: out = out + shared_out(self, x, self.shared(x))

@@ -1,0 +1,83 @@
+"""`train` on a DP × EP × TP × CP device mesh (FSDP2, torch tensor parallel, EPMoE all-to-all, ring attention) on 4 gloo
+processes against the single-process run of the same code at the same seed; DeepSpeed + EP is refused."""
+import os
+import numpy as np, pytest, torch
+import torch.distributed as dist
+
+from composer2.config import ConfigError
+from composer2.model import ModelConfig, Transformer
+from composer2.mesh import ParallelConfig
+from composer2.parallel import ParallelDims, spawn_local
+from composer2.train import TrainConfig, WindowSampler, perplexity, train
+
+STEPS = 6
+STREAM = (np.arange(4000) * 7 % 61 + (np.arange(4000) // 13) % 3).astype(np.uint16)
+
+def _cfg(): return ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
+                               d_expert=16, n_shared_experts=1, n_dense_layers=1, d_dense=48, max_seq_len=32, aux_loss_coef=0.01)
+
+def _tc(**par): return TrainConfig(steps=STEPS, batch_size=4, seq_len=16, lr=2e-2, warmup_steps=1, schedule='constant',
+                                   eval_every=3, eval_windows=2, seed=3, parallel=ParallelConfig(**par))
+
+def _run(out_dir, **par):
+    torch.manual_seed(0); model = Transformer(_cfg())
+    ev = lambda m: {'ppl': perplexity(m, STREAM[:600], 16, 2)}
+    h = train(model, _tc(**par), WindowSampler(STREAM, 16, 4, seed=3), out_dir, stage='mesh', eval_fn=ev)
+    return h, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+def _worker(rank, world, out_dir, par):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    h, w = _run(out_dir, **par)
+    return dict(loss=h['loss'], gn=h['grad_norm'], eval=h['eval'], tokens=h['tokens'], mesh=h['mesh'], weights=w)
+
+_SINGLE = {}
+def single(tmp_path_factory):
+    if not _SINGLE:
+        h, w = _run(tmp_path_factory.mktemp('single'))
+        _SINGLE.update(h=h, w=w)
+    return _SINGLE['h'], _SINGLE['w']
+
+def _compare(res, h, w):
+    assert max(abs(a - b) for a, b in zip(h['loss'], h['loss'][1:])) > 0.05        # the loss really moves
+    assert h['loss'][0] - h['loss'][-1] > 0.5
+    for r in res:
+        np.testing.assert_allclose(r['loss'], h['loss'], rtol=1e-5)
+        np.testing.assert_allclose(r['gn'], h['grad_norm'], rtol=1e-4)
+        assert r['tokens'] == h['tokens'] and [e['step'] for e in r['eval']] == [3, 6]
+        np.testing.assert_allclose([e['ppl'] for e in r['eval']], [e['ppl'] for e in h['eval']], rtol=1e-5)
+        big = max(p.abs().max().item() for p in w.values())
+        err = max((r['weights'][n] - w[n]).abs().max().item() for n in w) / big
+        assert err < 1e-4, err
+    moved = max((w[n] - p).abs().max().item() for n, p in _init().items())
+    assert moved > 1e-2                                                    # lr x steps: the weights moved
+    return max(max(abs(a - b) / abs(b) for a, b in zip(r['loss'], h['loss'])) for r in res)
+
+def _init():
+    torch.manual_seed(0); return dict(Transformer(_cfg()).named_parameters())
+
+@pytest.mark.numerics      # sharded vs whole GEMMs, all-to-all, reduce-scatter order: toleranced (loss 1e-5 rel, weights 1e-4)
+@pytest.mark.parametrize('par', [dict(dp=2, ep=2), dict(dp=2, tp=2), dict(cp=2, ep=2), dict(dp=4)],
+                         ids=['dp2xep2', 'dp2xtp2', 'cp2xep2', 'dp4'])
+def test_mesh_matches_single_process(par, tmp_path, tmp_path_factory):
+    res = spawn_local(_worker, 4, str(tmp_path / 'mesh'), par)
+    h, w = single(tmp_path_factory)
+    rel = _compare(res, h, w)
+    print(par, 'max loss rel diff', rel)
+    d = ParallelConfig(**par).dims()
+    for rank, r in enumerate(res):
+        _check_shapes(r['mesh']['shapes'], r['mesh']['coords'], d)
+
+def _check_shapes(shapes, c, d):
+    "Each rank's stored shards: FSDP2 dim-0 shards over dp·cp (experts over edp), TP column/row halves, EP expert slices."
+    import math
+    cfg = _cfg(); fs = d.dp * d.cp; El = cfg.n_experts // d.ep
+    part = lambda n, k, i: len(range(n)[i * math.ceil(n / k):(i + 1) * math.ceil(n / k)])   # FSDP2's dim-0 chunks
+    i_fs = c['dp'] * d.cp + c['cp']
+    hd = cfg.d_model // cfg.n_heads
+    assert shapes['embed.weight'] == (part(cfg.vocab_size, fs, i_fs), cfg.d_model)
+    assert shapes['layers.0.attn.wq.weight'] == (part(cfg.n_heads * hd // d.tp, fs, i_fs), cfg.d_model)
+    assert shapes['layers.0.attn.wo.weight'] == (part(cfg.d_model, fs, i_fs), cfg.n_heads * hd // d.tp)
+    assert shapes['layers.0.ffn.w1.weight'] == (part(cfg.d_dense // d.tp, fs, i_fs), cfg.d_model)
+    assert shapes['layers.1.ffn.experts.w13'] == (part(El, d.edp, c['edp']), 2 * cfg.d_expert, cfg.d_model)
+    assert shapes['layers.1.ffn.router.weight'] == (part(cfg.n_experts, fs, i_fs), cfg.d_model)
+    assert shapes['layers.1.ffn.shared.w2.weight'] == (part(cfg.d_model, fs, i_fs), cfg.d_expert // d.tp)
