@@ -169,7 +169,7 @@ class MeshModel(_MeshBase):
         n = dist.get_world_size()
         if isinstance(g, DTensor):
             for i, pl in enumerate(g.placements):
-                if pl.is_shard(): n //= g.device_mesh.size(i)
+                if not (pl.is_replicate() or pl.is_partial()): n //= g.device_mesh.size(i)   # Shard, _StridedShard
         return n // self.dims.ep if id(p) in self.experts else n
 
     @torch.no_grad()
