@@ -81,3 +81,49 @@ def _check_shapes(shapes, c, d):
     assert shapes['layers.1.ffn.experts.w13'] == (part(El, d.edp, c['edp']), 2 * cfg.d_expert, cfg.d_model)
     assert shapes['layers.1.ffn.router.weight'] == (part(cfg.n_experts, fs, i_fs), cfg.d_model)
     assert shapes['layers.1.ffn.shared.w2.weight'] == (part(cfg.d_model, fs, i_fs), cfg.d_expert // d.tp)
+
+# ---- `composer2 stage base` under torchrun (4 processes, dp2 x ep2) against the same stage in one process ----
+
+def _stage_workspace(root, run, par=None):
+    "Tokenizer, token streams and a params file for the `base` stage (from scratch: shared expert, balance loss on)."
+    import yaml
+    from composer2.tokenizer import Tokenizer, save_stream
+    if not (root / 'tok' / 'tokenizer.json').exists():
+        tok = Tokenizer.train([f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(200)], vocab_size=128, min_frequency=1)
+        tok.save(root / 'tok' / 'tokenizer.json')
+        for s in ('general', 'code_val', 'heldout'): save_stream(root / 'tokens' / f'{s}.bin', STREAM[:3000] % tok.vocab_size)
+    model = dict(vocab_size=Tokenizer.load(root / 'tok').vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                 n_experts=4, top_k=2, d_expert=16, n_shared_experts=1, n_dense_layers=1, d_dense=48, max_seq_len=16,
+                 aux_loss_coef=0.01)
+    train = dict(steps=5, batch_size=4, seq_len=16, lr=2e-2, warmup_steps=1, schedule='constant', eval_every=5,
+                 eval_windows=2, threads=1, seed=3)
+    if par: train['parallel'] = par
+    base = dict(data=str(root / 'tokens/general.bin'), val=str(root / 'tokens/code_val.bin'), heldout=str(root / 'tokens/heldout.bin'),
+                tokenizer=str(root / 'tok'), out_dir=str(root / run / 'base'), train=train)
+    (root / run).mkdir(parents=True, exist_ok=True)
+    p = root / run / 'params.yaml'; p.write_text(yaml.safe_dump({'model': model, 'base': base})); return p
+
+@pytest.mark.numerics
+def test_base_stage_under_torchrun_matches_single_process(tmp_path, monkeypatch):
+    import json, subprocess, sys
+    from safetensors.torch import load_file
+    from composer2.stages.pretrain import base
+    from composer2.train import read_meta
+    p1 = _stage_workspace(tmp_path, 'single')
+    monkeypatch.chdir(tmp_path / 'single'); single = base(p1)
+    p4 = _stage_workspace(tmp_path, 'mesh', dict(dp=2, ep=2))
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(__import__('pathlib').Path(__file__).parents[1])}
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '4',
+                        '-m', 'composer2.cli', 'stage', 'base', '--params', str(p4)],
+                       cwd=tmp_path / 'mesh', env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    mesh = json.loads((tmp_path / 'mesh/reports/metrics/base.json').read_text())
+    hm, hs = read_meta(tmp_path / 'mesh/base/ckpt'), read_meta(tmp_path / 'single/base/ckpt')
+    assert hm['train_config']['parallel'] == dict(dp=2, ep=2, tp=1, cp=1) and mesh['tokens'] == single['tokens'] == 5 * 4 * 16
+    np.testing.assert_allclose(hm['history']['loss'], hs['history']['loss'], rtol=1e-5)
+    assert hs['history']['loss'][0] - hs['history']['loss'][-1] > 0.1          # ~2000x the loss tolerance
+    np.testing.assert_allclose(mesh['val_ppl'], single['val_ppl'], rtol=1e-4)
+    ws, wm = load_file(str(tmp_path / 'single/base/ckpt/model.safetensors')), load_file(str(tmp_path / 'mesh/base/ckpt/model.safetensors'))
+    assert set(ws) == set(wm)
+    big = max(t.abs().max().item() for t in ws.values())
+    assert max((ws[n] - wm[n]).abs().max().item() for n in ws) / big < 1e-4
