@@ -257,13 +257,13 @@ def _engine(cfg: TrainConfig, model, world: int) -> str:
     asked for: COMPOSER2_DEEPSPEED=1 or zero_stage > 0 under a launcher), else 'single'. DeepSpeed with ep/tp/cp, or
     with a model whose experts or heads are already sharded, is refused: its engine averages every gradient."""
     from composer2.mesh import is_parallel, validate_parallel
-    from composer2.parallel import ColumnParallelLinear, EPMoE, RowParallelLinear
+    from composer2.parallel import EPMoE
     ds_env = os.environ.get('COMPOSER2_DEEPSPEED') == '1'
     if is_parallel(cfg.parallel) and not (ds_env or cfg.zero_stage > 0): return 'mesh'
     if world == 1 and not ds_env: return 'single'
     if is_parallel(cfg.parallel): validate_parallel(cfg.parallel, world, deepspeed=True)
-    if any(isinstance(m, (EPMoE, ColumnParallelLinear, RowParallelLinear)) for m in model.modules()):
-        raise ConfigError("the model holds expert- or tensor-parallel layers (EPMoE / Column-/RowParallelLinear), but "
+    if any(isinstance(m, EPMoE) for m in model.modules()) or _sharded(model):
+        raise ConfigError("the model holds expert- or tensor-parallel shards (EPMoE layers / DTensor weights), but "
                           "DeepSpeed's ZeRO engine averages every gradient over all ranks (experts included): use the mesh "
                           "path instead: an unsharded model, train.parallel {dp, ep, tp, cp}, zero_stage 0, torchrun")
     return 'deepspeed'
