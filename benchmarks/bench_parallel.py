@@ -46,16 +46,19 @@ def _timed(step, steps):
         t0 = time.perf_counter(); step(); ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
 
+def _local(t): return t.to_local() if hasattr(t, 'to_local') else t        # a DTensor's shard on this rank
+
 def _activation_bytes(fn, params=()):
-    "Bytes of the tensors autograd saves while running `fn()`, not counting those sharing storage with `params`."
-    own = {p.untyped_storage().data_ptr() for p in params}
-    n = [0]
+    """Bytes of the tensors autograd saves while running `fn()`, not counting those sharing storage with `params`
+    (a list, or a callable giving it after `fn` ran: FSDP's gathered weights exist only then)."""
+    seen = {}
     def pack(t):
-        if t.untyped_storage().data_ptr() not in own: n[0] += t.numel() * t.element_size()
+        t_ = _local(t); seen[t_.untyped_storage().data_ptr()] = seen.get(t_.untyped_storage().data_ptr(), 0) + t_.numel() * t_.element_size()
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-    return n[0]
+    own = {_local(p).untyped_storage().data_ptr() for p in (params() if callable(params) else params)}
+    return sum(v for k, v in seen.items() if k not in own)
 
 def cp_rank(rank, world, a):
     torch.manual_seed(0); model = Transformer(_cfg(a))
@@ -131,7 +134,7 @@ def mesh_rank(rank, world, a, name):
     def fwd():
         if mm is None: return model(b.x).logits.sum()
         (x,) = mm.shard(b.x); return mm(x).logits.sum()
-    act = _activation_bytes(fwd, [p.to_local() if hasattr(p, 'to_local') else p for p in target.parameters()])
+    act = _activation_bytes(fwd, lambda: list(target.parameters()))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     gpu = torch.cuda.max_memory_allocated(dev) if dev.type == 'cuda' else 0
     return dict(seconds=t, state_bytes=state, act_bytes=act, rss_bytes=rss, gpu_bytes=gpu,

@@ -113,6 +113,7 @@ class _MeshBase:
     data parallelism by FSDP2 (`fully_shard`): dense parameters over the flattened dp·cp mesh, routed experts over the
     expert-data-parallel (edp) mesh. `model` itself is left whole (`sync_to` copies the trained weights back)."""
     def __init__(self, model, dims: ParallelDims, device=None, reshard_after_forward: bool = False):
+        "`dims`: the folded layout (`ParallelConfig.dims()`); a deep copy of `model` is sharded."
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
         device = torch.device(device or 'cpu'); _init_dist(device)

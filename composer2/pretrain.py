@@ -75,7 +75,7 @@ def run_pretrain(name: str, cfg: PretrainConfig, model_cfg: ModelConfig | None =
     L = cfg.train.seq_len
     ev = lambda m: {'val_ppl': perplexity(m, val, L, cfg.train.eval_windows), 'heldout_ppl': perplexity(m, held, L, cfg.train.eval_windows)}
     out = Path(cfg.out_dir)
-    if int(os.environ.get('RANK', '0')) == 0: write_resolved(out, **{name: cfg}, model=model.cfg)   # torchrun: once
+    write_resolved(out, **{name: cfg}, model=model.cfg)
     hist = train(model, cfg.train, WindowSampler(stream, L, cfg.train.batch_size, cfg.train.seed), out, stage=name,
                  eval_fn=ev, live_dir=live_dir, meta={'init': cfg.init})
     return pretrain_metrics(cfg.train, hist, model)

@@ -16,18 +16,18 @@ STREAM = (np.arange(4000) * 7 % 61 + (np.arange(4000) // 13) % 3).astype(np.uint
 def _cfg(): return ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
                                d_expert=16, n_shared_experts=1, n_dense_layers=1, d_dense=48, max_seq_len=32, aux_loss_coef=0.01)
 
-def _tc(**par): return TrainConfig(steps=STEPS, batch_size=4, seq_len=16, lr=2e-2, warmup_steps=1, schedule='constant',
-                                   eval_every=3, eval_windows=2, seed=3, parallel=ParallelConfig(**par))
+def _tc(micro=0, **par): return TrainConfig(steps=STEPS, batch_size=4, micro_batch_size=micro, seq_len=16, lr=2e-2, warmup_steps=1,
+                                            schedule='constant', eval_every=3, eval_windows=2, seed=3, parallel=ParallelConfig(**par))
 
-def _run(out_dir, **par):
+def _run(out_dir, micro=0, **par):
     torch.manual_seed(0); model = Transformer(_cfg())
     ev = lambda m: {'ppl': perplexity(m, STREAM[:600], 16, 2)}
-    h = train(model, _tc(**par), WindowSampler(STREAM, 16, 4, seed=3), out_dir, stage='mesh', eval_fn=ev)
+    h = train(model, _tc(micro, **par), WindowSampler(STREAM, 16, 4, seed=3), out_dir, stage='mesh', eval_fn=ev)
     return h, {n: p.detach().clone() for n, p in model.named_parameters()}
 
-def _worker(rank, world, out_dir, par):
+def _worker(rank, world, out_dir, par, micro=0):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    h, w = _run(out_dir, **par)
+    h, w = _run(out_dir, micro, **par)
     return dict(loss=h['loss'], gn=h['grad_norm'], eval=h['eval'], tokens=h['tokens'], mesh=h['mesh'], weights=w)
 
 _SINGLE = {}
@@ -66,6 +66,14 @@ def test_mesh_matches_single_process(par, tmp_path, tmp_path_factory):
     d = ParallelConfig(**par).dims()
     for rank, r in enumerate(res):
         _check_shapes(r['mesh']['shapes'], r['mesh']['coords'], d)
+
+@pytest.mark.numerics
+def test_mesh_gradient_accumulation_matches_single_process(tmp_path):
+    "dp2 x cp2, 2 micro-batches of 1 sequence per replica vs one process with 2 micro-batches of 2: the same micro-batches\n    (WindowSampler's rank::world rows), so the balance loss is exact per micro-batch too."
+    res = spawn_local(_worker, 4, str(tmp_path / 'mesh'), dict(dp=2, cp=2), 1)
+    h, w = _run(tmp_path / 'single', micro=2)
+    rel = _compare(res, h, w)
+    print('accumulation: max loss rel diff', rel)
 
 def _check_shapes(shapes, c, d):
     "Each rank's stored shards: FSDP2 dim-0 shards over dp·cp (experts over edp), TP column/row halves, EP expert slices."
@@ -127,3 +135,29 @@ def test_base_stage_under_torchrun_matches_single_process(tmp_path, monkeypatch)
     assert set(ws) == set(wm)
     big = max(t.abs().max().item() for t in ws.values())
     assert max((ws[n] - wm[n]).abs().max().item() for n in ws) / big < 1e-4
+
+def test_parallel_config_errors_say_which_rule_broke(tmp_path):
+    from composer2.config import from_dict
+    from composer2.mesh import validate_parallel
+    cfg = _cfg()
+    def err(par, world, **kw):
+        with pytest.raises(ConfigError) as e: validate_parallel(ParallelConfig(**par), world, cfg, **kw)
+        return str(e.value)
+    assert 'world size 8' in err(dict(dp=2, ep=2), 8)                              # the product is the process count
+    assert 'must divide model.n_experts (4)' in err(dict(ep=8), 8)
+    assert 'n_heads (4)' in err(dict(tp=8), 8) or 'n_kv_heads' in err(dict(tp=8), 8)
+    assert 'n_kv_heads (2)' in err(dict(tp=4), 4)
+    assert 'batch_size (6) must be divisible by dp*ep (4)' in err(dict(dp=2, ep=2), 4, batch_size=6)
+    assert 'seq_len (3)' in err(dict(cp=2), 2, seq_len=3)
+    ds = err(dict(dp=2, ep=2), 4, deepspeed=True)
+    assert 'DeepSpeed' in ds and 'mesh path' in ds and 'torchrun' in ds
+    assert 'needs MoE layers' in str(pytest.raises(ConfigError, validate_parallel, ParallelConfig(ep=2), 2,
+                                                   ModelConfig(n_layers=2, n_dense_layers=2)).value)
+    assert 'bias_update_rate' in str(pytest.raises(ConfigError, validate_parallel, ParallelConfig(dp=2), 2,
+                                                   ModelConfig(bias_update_rate=0.01)).value)
+    with pytest.raises(ConfigError, match='integer >= 1'): ParallelConfig(ep=0)
+    with pytest.raises(ConfigError, match="unknown key 'dq'"): from_dict(TrainConfig, {'parallel': {'dq': 2}})
+    assert from_dict(TrainConfig, {'parallel': {'dp': 2, 'ep': 2}}).parallel == ParallelConfig(dp=2, ep=2)
+    # a single process asking for parallelism: the mesh path checks the world before building anything
+    with pytest.raises(ConfigError, match='world size 1'):
+        train(Transformer(_cfg()), _tc(dp=2), WindowSampler(STREAM, 16, 4), tmp_path)
