@@ -62,6 +62,8 @@ def validate_parallel(par: ParallelConfig, world: int, cfg=None, batch_size: int
     if cfg is not None:
         check(dims.ep == 1 or cfg.n_moe_layers > 0, f"parallel.ep ({dims.ep}) > 1 needs MoE layers (the model has none)")
         check(dims.tp == 1 or not (cfg.qkv_bias or cfg.o_bias), "parallel.tp > 1 does not shard attention biases yet")
+        check(dims.tp == 1 or cfg.precision == 'high', f"parallel.tp > 1 shards the dense GEMMs of precision 'high' only "
+              f"(model.precision is {cfg.precision!r})")
         sh = cfg.d_shared or cfg.d_expert * cfg.n_shared_experts
         check(not cfg.n_shared_experts or sh % dims.tp == 0, f"parallel.tp ({dims.tp}) must divide the shared expert's hidden size ({sh})")
         check(not (is_parallel(dims) and cfg.bias_update_rate > 0),
