@@ -197,7 +197,8 @@ def compiled_step(model, tok: torch.Tensor, cache: KVCache) -> torch.Tensor:
     if lo < 0 or hi >= c.vocab_size: raise ValueError(f"token ids must lie in [0, {c.vocab_size}); got range [{lo}, {hi}]")
     if full >= cache.max_len: raise ValueError(f"KV cache overflow: {full + 1} positions > capacity {cache.max_len}")
     if not _COMPILED: _COMPILED.append(torch.compile(_step, dynamic=False))
-    key = (id(model), repr(c), tok.shape[0], cache.max_len, cache.k[0].dtype, next(model.parameters()).dtype)
+    p = next(model.parameters())          # a model moved or cast in place keeps its id: device and dtype are in the key
+    key = (id(model), repr(c), tok.shape[0], cache.max_len, cache.k[0].dtype, cache.k[0].device, p.dtype, p.device)
     if key not in _SEEN and len(_SEEN) >= torch._dynamo.config.recompile_limit:     # dynamo's graphs per function:
         return model(tok[:, None], cache=cache, stats=False).logits[:, -1]          # beyond them, the eager step
     with torch.compiler.set_stance('default', skip_guard_eval_unsafe=key in _SEEN):
