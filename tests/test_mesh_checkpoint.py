@@ -1,0 +1,84 @@
+"""Mesh checkpoints through torch.distributed.checkpoint (4 gloo processes): exact resume on dp2 x ep2, a mesh
+checkpoint read in one process (consolidated weights, identical logits), single-process <-> mesh resume, and resume on
+another mesh."""
+import os
+import numpy as np, pytest, torch
+
+from composer2.mesh import ParallelConfig, read_dcp
+from composer2.model import Transformer
+from composer2.parallel import spawn_local
+from composer2.train import TrainConfig, WindowSampler, load_model, read_meta, train
+
+from test_parallel_mesh import STREAM, _cfg
+
+STEPS = 6
+IDS = torch.tensor([[int(t) for t in STREAM[i:i + 16]] for i in (0, 100)])
+
+def _run(out_dir, stop_after=None, seed=0, **par):
+    torch.manual_seed(seed); model = Transformer(_cfg())
+    tc = TrainConfig(steps=STEPS, batch_size=4, seq_len=16, lr=2e-2, warmup_steps=1, schedule='cosine', min_lr_ratio=0.3,
+                     eval_every=10 ** 6, seed=3, parallel=ParallelConfig(**par))
+    h = train(model, tc, WindowSampler(STREAM, 16, 4, seed=3), out_dir, stage='mesh', stop_after=stop_after)
+    with torch.no_grad(): logits = model(IDS).logits
+    return dict(loss=h['loss'], gn=h['grad_norm'], step=h['step'], logits=logits,
+                weights={n: p.detach().clone() for n, p in model.named_parameters()})
+
+def _worker(rank, world, out_dir, stop_after, seed, par):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    return _run(out_dir, stop_after, seed, **par)
+
+def _close(r, ref, what):
+    "Losses per step within 1e-5 relative, final weights within 1e-4 of the largest weight."
+    np.testing.assert_allclose(r['loss'], ref['loss'], rtol=1e-5, err_msg=what)
+    big = max(p.abs().max().item() for p in ref['weights'].values())
+    err = max((r['weights'][n] - ref['weights'][n]).abs().max().item() for n in ref['weights']) / big
+    lrel = max(abs(a - b) / abs(b) for a, b in zip(r['loss'], ref['loss']))
+    print(f"{what}: max loss rel diff {lrel:.2e}, max weight diff / max |w| {err:.2e}")
+    assert err < 1e-4, (what, err)
+
+DP2EP2 = dict(dp=2, ep=2)
+
+@pytest.mark.numerics      # the resumed run is the same computation on the same shards (toleranced all the same: reduction order)
+def test_mesh_resume_is_exact_and_the_checkpoint_reads_in_one_process(tmp_path):
+    straight = spawn_local(_worker, 4, str(tmp_path / 'a'), None, 0, DP2EP2)
+    half = spawn_local(_worker, 4, str(tmp_path / 'b'), STEPS // 2, 0, DP2EP2)
+    ck = tmp_path / 'b' / 'ckpt'; meta = read_meta(ck)
+    assert meta['step'] == STEPS // 2 and sorted(meta['dcp']) == ['.metadata'] + [f'__{r}_0.distcp' for r in range(4)]
+    assert not (ck / 'optimizer.pt').exists() and meta['scheduler']['last_epoch'] == STEPS // 2
+    # one process: the consolidated weights, DCP's shards put together and the rank's whole model agree bit for bit
+    w = read_dcp(ck / 'dcp'); m, _ = load_model(ck)
+    assert set(w) == {n for n, _ in m.named_parameters()}
+    assert all(torch.equal(w[n], p) for n, p in m.named_parameters())
+    with torch.no_grad(): logits = m(IDS).logits
+    assert all(torch.equal(logits, r['logits']) for r in half)           # identical logits in one process
+    resumed = spawn_local(_worker, 4, str(tmp_path / 'b'), None, 123, DP2EP2)   # another init: all comes from the checkpoint
+    for r in resumed:
+        assert r['step'] == list(range(1, STEPS + 1))
+        assert r['loss'][:STEPS // 2] == straight[0]['loss'][:STEPS // 2]
+        _close(r, straight[0], 'dp2xep2 resumed vs straight')
+    assert straight[0]['loss'][0] - straight[0]['loss'][-1] > 0.5       # the loss moves far more than the tolerance
+    np.testing.assert_allclose([r['gn'] for r in resumed], [r['gn'] for r in straight], rtol=1e-5)
+
+_SINGLE = {}
+def _single(tmp_path_factory):
+    if not _SINGLE: _SINGLE.update(_run(tmp_path_factory.mktemp('single')))
+    return _SINGLE
+
+@pytest.mark.numerics
+def test_single_process_checkpoint_resumes_on_the_mesh_and_back(tmp_path, tmp_path_factory):
+    ref = _single(tmp_path_factory)
+    _run(tmp_path / 's', stop_after=STEPS // 2)                        # single-process checkpoint at half way
+    assert (tmp_path / 's/ckpt/optimizer.pt').exists() and 'dcp' not in read_meta(tmp_path / 's/ckpt')
+    res = spawn_local(_worker, 4, str(tmp_path / 's'), None, 123, DP2EP2)
+    for r in res: _close(r, ref, 'single -> dp2xep2')
+    # and a mesh checkpoint resumes in one process (its optimizer state read whole from dcp/)
+    spawn_local(_worker, 4, str(tmp_path / 'm'), STEPS // 2, 0, DP2EP2)
+    _close(_run(tmp_path / 'm', seed=123), ref, 'dp2xep2 -> single')
+
+@pytest.mark.numerics
+@pytest.mark.parametrize('par', [dict(dp=4), dict(cp=2, ep=2), dict(dp=2, tp=2)], ids=['dp4', 'cp2xep2', 'dp2xtp2'])
+def test_mesh_checkpoint_resumes_on_another_mesh(par, tmp_path, tmp_path_factory):
+    ref = _single(tmp_path_factory)
+    spawn_local(_worker, 4, str(tmp_path / 'm'), STEPS // 2, 0, DP2EP2)
+    res = spawn_local(_worker, 4, str(tmp_path / 'm'), None, 123, par)
+    for r in res: _close(r, ref, f'dp2xep2 -> {par}')
