@@ -7,7 +7,7 @@ import numpy as np, pytest, torch
 from composer2.mesh import ParallelConfig, read_dcp
 from composer2.model import Transformer
 from composer2.parallel import spawn_local
-from composer2.train import TrainConfig, WindowSampler, load_model, read_meta, train
+from composer2.train import CheckpointError, TrainConfig, WindowSampler, load_model, read_meta, train
 
 from test_parallel_mesh import STREAM, _cfg
 
@@ -38,47 +38,63 @@ def _close(r, ref, what):
 
 DP2EP2 = dict(dp=2, ep=2)
 
-@pytest.mark.numerics      # the resumed run is the same computation on the same shards (toleranced all the same: reduction order)
-def test_mesh_resume_is_exact_and_the_checkpoint_reads_in_one_process(tmp_path):
-    straight = spawn_local(_worker, 4, str(tmp_path / 'a'), None, 0, DP2EP2)
-    half = spawn_local(_worker, 4, str(tmp_path / 'b'), STEPS // 2, 0, DP2EP2)
-    ck = tmp_path / 'b' / 'ckpt'; meta = read_meta(ck)
-    assert meta['step'] == STEPS // 2 and sorted(meta['dcp']) == ['.metadata'] + [f'__{r}_0.distcp' for r in range(4)]
-    assert not (ck / 'optimizer.pt').exists() and meta['scheduler']['last_epoch'] == STEPS // 2
-    # one process: the consolidated weights, DCP's shards put together and the rank's whole model agree bit for bit
-    w = read_dcp(ck / 'dcp'); m, _ = load_model(ck)
-    assert set(w) == {n for n, _ in m.named_parameters()}
-    assert all(torch.equal(w[n], p) for n, p in m.named_parameters())
-    with torch.no_grad(): logits = m(IDS).logits
-    assert all(torch.equal(logits, r['logits']) for r in half)           # identical logits in one process
-    resumed = spawn_local(_worker, 4, str(tmp_path / 'b'), None, 123, DP2EP2)   # another init: all comes from the checkpoint
-    for r in resumed:
-        assert r['step'] == list(range(1, STEPS + 1))
-        assert r['loss'][:STEPS // 2] == straight[0]['loss'][:STEPS // 2]
-        _close(r, straight[0], 'dp2xep2 resumed vs straight')
-    assert straight[0]['loss'][0] - straight[0]['loss'][-1] > 0.5       # the loss moves far more than the tolerance
-    np.testing.assert_allclose([r['gn'] for r in resumed], [r['gn'] for r in straight], rtol=1e-5)
+def _worker_both(rank, world, root):
+    "dp2 x ep2 in the same 4 processes: the straight run (root/a) and the run stopped half way (root/b)."
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    return _run(f'{root}/a', None, 0, **DP2EP2), _run(f'{root}/b', STEPS // 2, 0, **DP2EP2)
+
+_MESH = {}
+def _mesh_half(tmp_path_factory, dst):
+    "The dp2 x ep2 runs (once per session); copies the half-way checkpoint to `dst/ckpt`; (straight, half) per rank."
+    import shutil
+    if not _MESH:
+        root = tmp_path_factory.mktemp('mesh'); _MESH.update(root=root, res=spawn_local(_worker_both, 4, str(root)))
+    shutil.copytree(_MESH['root'] / 'b' / 'ckpt', dst / 'ckpt')
+    return [a for a, _ in _MESH['res']], [b for _, b in _MESH['res']]
 
 _SINGLE = {}
 def _single(tmp_path_factory):
     if not _SINGLE: _SINGLE.update(_run(tmp_path_factory.mktemp('single')))
     return _SINGLE
 
+@pytest.mark.numerics      # the resumed run is the same computation on the same shards: bit-identical here, asserted toleranced
+def test_mesh_resume_is_exact_and_the_checkpoint_reads_in_one_process(tmp_path, tmp_path_factory):
+    straight, half = _mesh_half(tmp_path_factory, tmp_path)
+    ck = tmp_path / 'ckpt'; meta = read_meta(ck)
+    assert meta['step'] == STEPS // 2 and sorted(meta['dcp']) == ['.metadata'] + [f'__{r}_0.distcp' for r in range(4)]
+    assert not (ck / 'optimizer.pt').exists() and meta['scheduler']['last_epoch'] == STEPS // 2
+    # one process: the consolidated weights, DCP's shards put together and the ranks' whole model agree bit for bit
+    w = read_dcp(ck / 'dcp'); m, _ = load_model(ck)
+    assert set(w) == {n for n, _ in m.named_parameters()}
+    assert all(torch.equal(w[n], p) for n, p in m.named_parameters())
+    with torch.no_grad(): logits = m(IDS).logits
+    assert all(torch.equal(logits, r['logits']) for r in half)           # identical logits in one process
+    resumed = spawn_local(_worker, 4, str(tmp_path), None, 123, DP2EP2)   # another init: all comes from the checkpoint
+    for r in resumed:
+        assert r['step'] == list(range(1, STEPS + 1))
+        assert r['loss'][:STEPS // 2] == straight[0]['loss'][:STEPS // 2]
+        _close(r, straight[0], 'dp2xep2 resumed vs straight')
+    assert straight[0]['loss'][0] - straight[0]['loss'][-1] > 0.5       # the loss moves far more than the tolerance
+    np.testing.assert_allclose([r['gn'] for r in resumed], [r['gn'] for r in straight], rtol=1e-5)
+    # a corrupt shard is named
+    _mesh_half(tmp_path_factory, tmp_path / 'c'); f = tmp_path / 'c/ckpt/dcp/__1_0.distcp'; f.write_bytes(f.read_bytes()[:-8])
+    with pytest.raises(CheckpointError, match='__1_0.distcp is missing, corrupt or truncated'): _run(tmp_path / 'c')
+
 @pytest.mark.numerics
-def test_single_process_checkpoint_resumes_on_the_mesh_and_back(tmp_path, tmp_path_factory):
+def test_single_process_checkpoint_resumes_on_the_mesh(tmp_path, tmp_path_factory):
     ref = _single(tmp_path_factory)
-    _run(tmp_path / 's', stop_after=STEPS // 2)                        # single-process checkpoint at half way
-    assert (tmp_path / 's/ckpt/optimizer.pt').exists() and 'dcp' not in read_meta(tmp_path / 's/ckpt')
-    res = spawn_local(_worker, 4, str(tmp_path / 's'), None, 123, DP2EP2)
-    for r in res: _close(r, ref, 'single -> dp2xep2')
-    # and a mesh checkpoint resumes in one process (its optimizer state read whole from dcp/)
-    spawn_local(_worker, 4, str(tmp_path / 'm'), STEPS // 2, 0, DP2EP2)
-    _close(_run(tmp_path / 'm', seed=123), ref, 'dp2xep2 -> single')
+    _run(tmp_path, stop_after=STEPS // 2)                               # single-process checkpoint at half way
+    assert (tmp_path / 'ckpt/optimizer.pt').exists() and 'dcp' not in read_meta(tmp_path / 'ckpt')
+    for r in spawn_local(_worker, 4, str(tmp_path), None, 123, DP2EP2): _close(r, ref, 'single -> dp2xep2')
+
+@pytest.mark.numerics
+def test_mesh_checkpoint_resumes_in_one_process(tmp_path, tmp_path_factory):
+    "Its optimizer state read whole from dcp/."
+    ref = _single(tmp_path_factory); _mesh_half(tmp_path_factory, tmp_path)
+    _close(_run(tmp_path, seed=123), ref, 'dp2xep2 -> single')
 
 @pytest.mark.numerics
 @pytest.mark.parametrize('par', [dict(dp=4), dict(cp=2, ep=2), dict(dp=2, tp=2)], ids=['dp4', 'cp2xep2', 'dp2xtp2'])
 def test_mesh_checkpoint_resumes_on_another_mesh(par, tmp_path, tmp_path_factory):
-    ref = _single(tmp_path_factory)
-    spawn_local(_worker, 4, str(tmp_path / 'm'), STEPS // 2, 0, DP2EP2)
-    res = spawn_local(_worker, 4, str(tmp_path / 'm'), None, 123, par)
-    for r in res: _close(r, ref, f'dp2xep2 -> {par}')
+    ref = _single(tmp_path_factory); _mesh_half(tmp_path_factory, tmp_path)
+    for r in spawn_local(_worker, 4, str(tmp_path), None, 123, par): _close(r, ref, f'dp2xep2 -> {par}')
