@@ -218,6 +218,8 @@ def _resume(model, opt, sched, ckpt: Path, stage: str, cfg: TrainConfig, device,
         m = read_meta(ckpt)
         if m.get('stage') == stage and m['step'] < cfg.steps:
             load_weights(model, ckpt / 'model.safetensors', device)
+            if 'deepspeed' in m: raise CheckpointError(f"{ckpt} holds an unfinished run written under DeepSpeed: resume it "
+                                                       "under DeepSpeed (its optimizer state is in DeepSpeed's ZeRO format)")
             if 'dcp' in m: st = _dcp_optimizer(model, opt, ckpt, m)        # written by a mesh
             else: st = torch.load(ckpt / 'optimizer.pt', weights_only=True, map_location=device)
             opt.load_state_dict(st['optimizer']); sched.load_state_dict(st['scheduler'])
@@ -288,13 +290,42 @@ def _save_mesh(ckpt: Path, mesh, model, opt, sched, step: int, meta: dict):
     else: save_dcp(mesh, opt, Path(_broadcast(None)) / 'dcp')
     torch.distributed.barrier()
 
+# %% ../nbs/5_train/00_train.ipynb #c015c
+def _resume_ds(engine, ckpt: Path, m: dict, history: dict) -> tuple[int, dict]:
+    "Load the unfinished DeepSpeed run of meta `m` from the checkpoint's `ds/` (DeepSpeed's own: ZeRO partitions, schedule)."
+    if 'deepspeed' not in m:
+        raise CheckpointError(f"{ckpt} holds an unfinished run written without DeepSpeed: its optimizer state cannot be "
+                              "resumed under DeepSpeed (move the checkpoint away to start over)")
+    for name, sha in m['deepspeed'].items():
+        f = ckpt / name
+        if not f.exists() or sha256_file(f) != sha: raise CheckpointError(f"checkpoint file {f} is missing, corrupt or truncated")
+    engine.load_checkpoint(str(ckpt / 'ds'), tag='ds', load_optimizer_states=True, load_lr_scheduler_states=True)
+    return m['step'], m.get('history', history)
+
+def _save_ds(ckpt: Path, engine, model, step: int, meta: dict):
+    """Collective: DeepSpeed's own checkpoint (every rank's ZeRO partitions) in the new checkpoint's `ds/`, beside the
+    whole weights (gathered under ZeRO-3) that rank 0 writes in the single-process format."""
+    import deepspeed
+    from contextlib import nullcontext
+    from safetensors.torch import save_file
+    z3 = engine.zero_optimization_stage() == 3
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None) if z3 else nullcontext():
+        whole = model_state(model) if torch.distributed.get_rank() == 0 else None
+    def extra(tmp):
+        save_file(whole, str(tmp / 'model.safetensors'))
+        _broadcast(str(tmp)); engine.save_checkpoint(str(tmp / 'ds'), tag='ds')
+        return {'deepspeed': {str(f.relative_to(tmp)): sha256_file(f) for f in sorted((tmp / 'ds').rglob('*')) if f.is_file()}}
+    if torch.distributed.get_rank() == 0: save_checkpoint(ckpt, model, step=step, meta=meta, extra=extra)
+    else: engine.save_checkpoint(str(Path(_broadcast(None)) / 'ds'), tag='ds')
+    torch.distributed.barrier()
+
 # %% ../nbs/5_train/00_train.ipynb #c016
 def _step(model, engine, opt, sched, batch, cfg: TrainConfig, device, accum: int, world: int, aux_coef: float, loss_fn):
     "One optimizer step over the micro-batches of `batch`: (mean token loss, grad norm, tokens, last forward output)."
     n_global = batch.mask.sum().float().clone()
     if world > 1: torch.distributed.all_reduce(n_global)
     n_global = n_global.clamp_min(1)
-    loss_total, out = torch.zeros((), device=device), None
+    loss_total, out, pre = torch.zeros((), device=device), None, 0.0
     for mb in batch.split(accum):
         with autocast_ctx(cfg, device):
             if loss_fn is None:
@@ -305,14 +336,19 @@ def _step(model, engine, opt, sched, batch, cfg: TrainConfig, device, accum: int
                 s, _ = loss_fn(model if engine is None else engine, mb); aux = 0.0
         loss = s / n_global + aux_coef * aux / accum / world
         if engine is None: loss.backward()
-        else: engine.backward(loss * world * accum); engine.step()   # DeepSpeed divides by accum and averages over ranks
+        else:
+            engine.backward(loss * world * accum)                    # DeepSpeed divides by accum and averages over ranks
+            if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:   # whole, averaged
+                pre = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+            engine.step()
         loss_total += s.detach() / n_global
     if world > 1: torch.distributed.all_reduce(loss_total)
     if engine is None:
         gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
     else:
-        gn = float(engine.get_global_grad_norm() or 0.0)
+        gn = engine.get_global_grad_norm()                   # ZeRO 1-3: the norm over every rank's partition
+        gn = float(pre if gn is None else gn)                # ZeRO-0 keeps none: the whole gradients' before the step
     return float(loss_total), gn, int(n_global), out
 
 # %% ../nbs/5_train/00_train.ipynb #c016b
@@ -384,7 +420,9 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
     if kind == 'single': start, history = _resume(model, opt, sched, ckpt, stage, cfg, device, history)
     elif kind == 'mesh' and resume is not None: start, history = _resume_mesh(mesh, model, opt, sched, ckpt, resume, stage, history)
     engine = None
-    if use_ds: engine, opt, sched = _deepspeed(model, opt, sched, cfg, micro, accum)
+    if use_ds:
+        engine, opt, sched = _deepspeed(model, opt, sched, cfg, micro, accum)
+        if (resume := _resumable(ckpt, stage, cfg)) is not None: start, history = _resume_ds(engine, ckpt, resume, history)
     live = None
     if live_dir and rank == 0:
         from dvclive import Live
@@ -419,6 +457,8 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
                 for k, v in ev.items(): live.log_metric(f'eval/{k}', v)
         if mesh is not None and save:
             _save_mesh(ckpt, mesh, model, opt, sched, step + 1, {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
+        elif use_ds and save:
+            _save_ds(ckpt, engine, model, step + 1, {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
         elif rank == 0 and save:
             save_checkpoint(ckpt, model, opt if kind == 'single' else None, sched if kind == 'single' else None, step + 1,
                             {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
