@@ -30,6 +30,7 @@ def _worker(rank, world, out_dir, stop_after, seed, par):
 def _close(r, ref, what):
     "Losses per step within 1e-5 relative, final weights within 1e-4 of the largest weight."
     np.testing.assert_allclose(r['loss'], ref['loss'], rtol=1e-5, err_msg=what)
+    np.testing.assert_allclose(r['gn'], ref['gn'], rtol=1e-5, err_msg=what)             # the whole gradient's norm
     big = max(p.abs().max().item() for p in ref['weights'].values())
     err = max((r['weights'][n] - ref['weights'][n]).abs().max().item() for n in ref['weights']) / big
     lrel = max(abs(a - b) / abs(b) for a, b in zip(r['loss'], ref['loss']))
