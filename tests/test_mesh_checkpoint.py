@@ -99,3 +99,7 @@ def test_mesh_checkpoint_resumes_in_one_process(tmp_path, tmp_path_factory):
 def test_mesh_checkpoint_resumes_on_another_mesh(par, tmp_path, tmp_path_factory):
     ref = _single(tmp_path_factory); _mesh_half(tmp_path_factory, tmp_path)
     for r in spawn_local(_worker, 4, str(tmp_path), None, 123, par): _close(r, ref, f'dp2xep2 -> {par}')
+    # the final checkpoint, written by this mesh: its DCP shards put together are the consolidated weights, bit for bit
+    w, (m, _) = read_dcp(tmp_path / 'ckpt/dcp'), load_model(tmp_path / 'ckpt')
+    assert read_meta(tmp_path / 'ckpt')['train_config']['parallel'] == {'dp': 1, 'ep': 1, 'tp': 1, 'cp': 1, **par}
+    assert set(w) == {n for n, _ in m.named_parameters()} and all(torch.equal(w[n], p) for n, p in m.named_parameters())
