@@ -261,6 +261,12 @@ def _resumable(ckpt: Path, stage: str, cfg: TrainConfig) -> dict | None:
     m = read_meta(ckpt)
     return m if m.get('stage') == stage and m['step'] < cfg.steps else None
 
+def _mesh_preload(model, ckpt: Path, stage: str, cfg: TrainConfig, device) -> dict | None:
+    "The meta of an unfinished run in `ckpt`; a single-process one's weights go into `model` before it is sharded."
+    m = _resumable(ckpt, stage, cfg)
+    if m is not None and 'dcp' not in m: load_weights(model, ckpt / 'model.safetensors', device)
+    return m
+
 def _resume_mesh(mesh, model, opt, sched, ckpt: Path, m: dict, stage: str, history: dict) -> tuple[int, dict]:
     """Load the unfinished run of meta `m` into the mesh (collective): from its `dcp/`, whatever mesh wrote it, or from a
     single-process checkpoint (weights already in `model`) whose `optimizer.pt` rank 0 re-writes as DCP first."""
@@ -291,8 +297,9 @@ def _save_mesh(ckpt: Path, mesh, model, opt, sched, step: int, meta: dict):
     torch.distributed.barrier()
 
 # %% ../nbs/5_train/00_train.ipynb #c015c
-def _resume_ds(engine, ckpt: Path, m: dict, history: dict) -> tuple[int, dict]:
-    "Load the unfinished DeepSpeed run of meta `m` from the checkpoint's `ds/` (DeepSpeed's own: ZeRO partitions, schedule)."
+def _resume_ds(engine, ckpt: Path, stage: str, cfg: TrainConfig, history: dict) -> tuple[int, dict]:
+    "Load an unfinished DeepSpeed run of `stage` from the checkpoint's `ds/` (DeepSpeed's own: ZeRO partitions, schedule)."
+    if (m := _resumable(ckpt, stage, cfg)) is None: return 0, history
     if 'deepspeed' not in m:
         raise CheckpointError(f"{ckpt} holds an unfinished run written without DeepSpeed: its optimizer state cannot be "
                               "resumed under DeepSpeed (move the checkpoint away to start over)")
@@ -318,6 +325,12 @@ def _save_ds(ckpt: Path, engine, model, step: int, meta: dict):
     if torch.distributed.get_rank() == 0: save_checkpoint(ckpt, model, step=step, meta=meta, extra=extra)
     else: engine.save_checkpoint(str(Path(_broadcast(None)) / 'ds'), tag='ds')
     torch.distributed.barrier()
+
+def _save(ckpt: Path, model, mesh, engine, opt, sched, step: int, meta: dict):
+    "The step's checkpoint on whichever path trains (collective on the mesh and under DeepSpeed)."
+    if mesh is not None: _save_mesh(ckpt, mesh, model, opt, sched, step, meta)
+    elif engine is not None: _save_ds(ckpt, engine, model, step, meta)
+    elif _dist_info()[0] == 0: save_checkpoint(ckpt, model, opt, sched, step, meta)
 
 # %% ../nbs/5_train/00_train.ipynb #c016
 def _step(model, engine, opt, sched, batch, cfg: TrainConfig, device, accum: int, world: int, aux_coef: float, loss_fn):
@@ -411,18 +424,15 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
         from composer2.mesh import MeshModel, validate_parallel
         dims = validate_parallel(cfg.parallel, world, model.cfg, cfg.batch_size, cfg.seq_len)
         if loss_fn is not None and dims.cp > 1: raise ConfigError("train.parallel.cp > 1 needs the built-in next-token loss (no loss_fn)")
-        resume = _resumable(ckpt, stage, cfg)
-        if resume is not None and 'dcp' not in resume: load_weights(model, ckpt / 'model.safetensors', device)  # single-process
+        resume = _mesh_preload(model, ckpt, stage, cfg, device)
         mesh = MeshModel(model, dims, device); data_rank = mesh.coords['dp']
     torch.manual_seed(cfg.seed)
     opt, sched = make_optimizer(mesh or model, cfg)
     start, history = 0, {'step': [], 'loss': [], 'lr': [], 'grad_norm': [], 'tokens': [], 'eval': []}
     if kind == 'single': start, history = _resume(model, opt, sched, ckpt, stage, cfg, device, history)
     elif kind == 'mesh' and resume is not None: start, history = _resume_mesh(mesh, model, opt, sched, ckpt, resume, stage, history)
-    engine = None
-    if use_ds:
-        engine, opt, sched = _deepspeed(model, opt, sched, cfg, micro, accum)
-        if (resume := _resumable(ckpt, stage, cfg)) is not None: start, history = _resume_ds(engine, ckpt, resume, history)
+    engine, opt, sched = _deepspeed(model, opt, sched, cfg, micro, accum) if use_ds else (None, opt, sched)
+    if use_ds: start, history = _resume_ds(engine, ckpt, stage, cfg, history)
     live = None
     if live_dir and rank == 0:
         from dvclive import Live
@@ -455,13 +465,8 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
             history['eval'].append({'step': step + 1, **ev})
             if live is not None:
                 for k, v in ev.items(): live.log_metric(f'eval/{k}', v)
-        if mesh is not None and save:
-            _save_mesh(ckpt, mesh, model, opt, sched, step + 1, {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
-        elif use_ds and save:
-            _save_ds(ckpt, engine, model, step + 1, {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
-        elif rank == 0 and save:
-            save_checkpoint(ckpt, model, opt if kind == 'single' else None, sched if kind == 'single' else None, step + 1,
-                            {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
+        if save: _save(ckpt, model, mesh, engine, opt, sched, step + 1,
+                       {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
     history['wall_s'] = time.time() - t0
     history['tokens_per_s'] = (tok_count - tok_start) / max(1e-9, history['wall_s'])
     if mesh is not None: history['mesh'] = {'coords': mesh.coords, 'shapes': mesh.local_shapes()}   # after the last save
