@@ -19,7 +19,8 @@ from .parallel import (EPMoE, GroupedExperts, ParallelDims, moe_aux_hooks, ring_
                        zigzag_positions, zigzag_shard)
 
 # %% auto #0
-__all__ = ['ParallelConfig', 'is_parallel', 'validate_parallel', 'ModuleFFN', 'tp_parallelize', 'MeshModel']
+__all__ = ['ParallelConfig', 'is_parallel', 'validate_parallel', 'ModuleFFN', 'tp_parallelize', 'MeshModel', 'dcp_state',
+           'save_dcp', 'load_dcp', 'read_dcp', 'write_dcp']
 
 # %% ../nbs/4_parallel/02_mesh.ipynb #c006
 @dataclass
@@ -219,3 +220,65 @@ class MeshModel(_MeshBase):
         "This rank's stored shape of each parameter (its FSDP/TP/EP shard)."
         from torch.distributed.tensor import DTensor
         return {n: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for n, p in self.module.named_parameters()}
+
+# %% ../nbs/4_parallel/02_mesh.ipynb #c021
+def _ep_edp_mesh(mesh):
+    "The routed experts' ranks as an (ep, edp) mesh (collective, built once): a global expert index is ep-major, then FSDP's chunk over edp."
+    if getattr(mesh, '_ep_edp', None) is None:
+        from torch.distributed.device_mesh import DeviceMesh
+        em = mesh.expert_mesh
+        m3 = DeviceMesh(em.device_type, em.mesh.permute(1, 0, 2).contiguous(), mesh_dim_names=('ep', 'edp', 'tp'))
+        mesh._ep_edp = m3['ep', 'edp']
+    return mesh._ep_edp
+
+def _global(mesh, p, t):
+    "`t` (parameter `p` or one of its optimizer states) as a DTensor of the single-process shape, sharing `t`'s storage."
+    from torch.distributed.tensor import DTensor, Shard
+    if id(p) not in mesh.experts or not isinstance(t, DTensor) or t.dim() == 0: return t
+    shape = (t.shape[0] * mesh.dims.ep, *t.shape[1:])                  # this EP rank's experts are rows [r·El, (r+1)·El)
+    return DTensor.from_local(t.to_local(), _ep_edp_mesh(mesh), [Shard(0), Shard(0)], run_check=False, shape=shape,
+                              stride=torch.empty(shape, device='meta').stride())
+
+def dcp_state(mesh, opt) -> dict:
+    """This rank's model and optimizer state for `torch.distributed.checkpoint`: `{'model': {name: w}, 'optim': {name:
+    {'exp_avg', 'exp_avg_sq', 'step'}}}` under the single-process names, each tensor a DTensor of its single-process shape
+    that shares storage with the live shard (collective). An optimizer that has not stepped gets its state created
+    (a step of lr 0 on zero gradients; pending gradients are dropped)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    if not opt.state: opt.zero_grad(set_to_none=True)
+    osd = get_optimizer_state_dict(mesh.module, opt)['state']          # FQN keys, the live tensors
+    model, optim = {}, {}
+    for n, p in mesh.module.named_parameters():
+        k = n.replace('.experts.', '.')
+        model[k] = _global(mesh, p, p.detach())
+        if n in osd: optim[k] = {s: _global(mesh, p, v) for s, v in osd[n].items()}
+    return {'model': model, 'optim': optim}
+
+def save_dcp(mesh, opt, path):
+    "Write this rank's shards of model and optimizer to the DCP directory `path` (collective; each piece written once)."
+    import torch.distributed.checkpoint as dcp
+    dcp.save(dcp_state(mesh, opt), checkpoint_id=str(path))
+
+@torch.no_grad()
+def load_dcp(mesh, opt, path):
+    "Fill this rank's shards of model and optimizer from the DCP directory `path`, whatever mesh wrote it (collective)."
+    import torch.distributed.checkpoint as dcp
+    sd = dcp_state(mesh, opt)
+    dcp.load(sd, checkpoint_id=str(path))                              # in place: the DTensors share the live storage
+    return sd
+
+def read_dcp(path, prefix: str = 'model') -> dict:
+    "One process: the whole tensors under `prefix` of the DCP directory `path` (e.g. the model's single-process weights)."
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    md = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    sd = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.items()
+          if k.startswith(prefix + '.') and isinstance(m, TensorStorageMetadata)}
+    dcp.load(sd, checkpoint_id=str(path), no_dist=True)
+    return {k[len(prefix) + 1:]: v for k, v in sd.items()}
+
+def write_dcp(state: dict, path):
+    "One process: write whole tensors (`{'model': {...}, 'optim': {...}}`, single-process names) as a DCP directory any mesh can load."
+    import torch.distributed.checkpoint as dcp
+    dcp.save(state, checkpoint_id=str(path), no_dist=True)
+

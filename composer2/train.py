@@ -113,15 +113,19 @@ def load_weights(model, path, device='cpu'):
         raise CheckpointError(f"weights {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if tied: model.head.weight = model.embed.weight
 
-def save_checkpoint(path, model: Transformer, optimizer=None, scheduler=None, step: int = 0, meta: dict | None = None):
-    "Atomically write a checkpoint directory (through `composer2.io.write_checkpoint`, the one checkpoint writer)."
+def save_checkpoint(path, model: Transformer, optimizer=None, scheduler=None, step: int = 0, meta: dict | None = None,
+                    extra: Callable | None = None):
+    """Atomically write a checkpoint directory (through `composer2.io.write_checkpoint`, the one checkpoint writer).
+    `extra(tmp) -> dict` writes more into the directory (a mesh's sharded state) and returns entries for the meta."""
     from safetensors.torch import save_file
+    meta = {'step': step, 'model_config': to_dict(model.cfg), **(meta or {})}
     def write(tmp):
         save_file(model_state(model), str(tmp / 'model.safetensors'))
         if optimizer is not None:
             torch.save({'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict() if scheduler else None},
                        tmp / 'optimizer.pt')
-    return write_checkpoint(path, write, {'step': step, 'model_config': to_dict(model.cfg), **(meta or {})})
+        if extra is not None: meta.update(extra(tmp))
+    return write_checkpoint(path, write, meta)
 
 def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
     """Rebuild the model of a checkpoint (config from its meta, weights verified); `overrides` change config keys.
@@ -192,10 +196,17 @@ def _fusable(model) -> bool:
     "The fused AdamW kernel (one pass over every parameter group) exists for CPU and CUDA floating-point parameters."
     return all(p.device.type in ('cpu', 'cuda') and p.is_floating_point() for p in model.parameters()) and not _sharded(model)
 
+def _decays(name: str, p) -> bool: return p.dim() >= 2 and 'embed' not in name
+
+def _opt_names(model) -> list[str]:
+    "The parameter names in `make_optimizer`'s order (the integer ids of its `state_dict`)."
+    named = list(model.named_parameters())
+    return [n for n, p in named if _decays(n, p)] + [n for n, p in named if not _decays(n, p)]
+
 def make_optimizer(model, cfg: TrainConfig):
     "AdamW (no decay on embeddings and 1-D parameters) and its warmup-cosine `LambdaLR` schedule."
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and 'embed' not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and 'embed' not in n)]
+    decay = [p for n, p in model.named_parameters() if _decays(n, p)]
+    no_decay = [p for n, p in model.named_parameters() if not _decays(n, p)]
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
                             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=_fusable(model),
                             foreach=False if _sharded(model) else None)   # shards on two meshes: one tensor at a time
@@ -207,7 +218,10 @@ def _resume(model, opt, sched, ckpt: Path, stage: str, cfg: TrainConfig, device,
         m = read_meta(ckpt)
         if m.get('stage') == stage and m['step'] < cfg.steps:
             load_weights(model, ckpt / 'model.safetensors', device)
-            st = torch.load(ckpt / 'optimizer.pt', weights_only=True, map_location=device)
+            if 'deepspeed' in m: raise CheckpointError(f"{ckpt} holds an unfinished run written under DeepSpeed: resume it "
+                                                       "under DeepSpeed (its optimizer state is in DeepSpeed's ZeRO format)")
+            if 'dcp' in m: st = _dcp_optimizer(model, opt, ckpt, m)        # written by a mesh
+            else: st = torch.load(ckpt / 'optimizer.pt', weights_only=True, map_location=device)
             opt.load_state_dict(st['optimizer']); sched.load_state_dict(st['scheduler'])
             return m['step'], m.get('history', history)
     return 0, history
@@ -224,13 +238,107 @@ def _deepspeed(model, opt, sched, cfg: TrainConfig, micro: int, accum: int):
     engine, opt, _, sched = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_cfg)
     return engine, opt, sched
 
+# %% ../nbs/5_train/00_train.ipynb #c015b
+def _check_dcp(ckpt: Path, m: dict):
+    "Every file of the checkpoint's `dcp/` is there with the sha256 its meta recorded."
+    for name, sha in m['dcp'].items():
+        f = ckpt / 'dcp' / name
+        if not f.exists() or sha256_file(f) != sha: raise CheckpointError(f"checkpoint file {f} is missing, corrupt or truncated")
+
+def _dcp_optimizer(model, opt, ckpt: Path, m: dict) -> dict:
+    "A mesh checkpoint's optimizer state, whole, as this process's `opt.state_dict()` (ids in `make_optimizer`'s order)."
+    from composer2.mesh import read_dcp
+    _check_dcp(ckpt, m)
+    pos, state = {n: i for i, n in enumerate(_opt_names(model))}, {}
+    for k, v in read_dcp(ckpt / 'dcp', 'optim').items():
+        n, s = k.rsplit('.', 1); state.setdefault(pos[n], {})[s] = v
+    groups = [{**g, 'lr': lr} for g, lr in zip(opt.state_dict()['param_groups'], m['scheduler']['_last_lr'])]
+    return {'optimizer': {'state': state, 'param_groups': groups}, 'scheduler': m['scheduler']}
+
+def _resumable(ckpt: Path, stage: str, cfg: TrainConfig) -> dict | None:
+    "The meta of `ckpt` when it holds an unfinished run of `stage`."
+    if not (ckpt / 'meta.json').exists(): return None
+    m = read_meta(ckpt)
+    return m if m.get('stage') == stage and m['step'] < cfg.steps else None
+
+def _mesh_preload(model, ckpt: Path, stage: str, cfg: TrainConfig, device) -> dict | None:
+    "The meta of an unfinished run in `ckpt`; a single-process one's weights go into `model` before it is sharded."
+    m = _resumable(ckpt, stage, cfg)
+    if m is not None and 'dcp' not in m: load_weights(model, ckpt / 'model.safetensors', device)
+    return m
+
+def _resume_mesh(mesh, model, opt, sched, ckpt: Path, m: dict, stage: str, history: dict) -> tuple[int, dict]:
+    """Load the unfinished run of meta `m` into the mesh (collective): from its `dcp/`, whatever mesh wrote it, or from a
+    single-process checkpoint (weights already in `model`) whose `optimizer.pt` rank 0 re-writes as DCP first."""
+    from composer2.mesh import load_dcp, write_dcp
+    if 'dcp' in m:
+        _check_dcp(ckpt, m); load_dcp(mesh, opt, ckpt / 'dcp'); sched.load_state_dict(m['scheduler'])
+    else:
+        st = torch.load(ckpt / 'optimizer.pt', weights_only=True, map_location='cpu')
+        tmp, rank = ckpt.with_name(f'.{ckpt.name}.resume-dcp'), torch.distributed.get_rank()
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True); names = _opt_names(model)
+            write_dcp({'model': model_state(model), 'optim': {names[i]: s for i, s in st['optimizer']['state'].items()}}, tmp)
+        torch.distributed.barrier(); load_dcp(mesh, opt, tmp); torch.distributed.barrier()
+        if rank == 0: shutil.rmtree(tmp, ignore_errors=True)
+        sched.load_state_dict(st['scheduler'])
+    for g, lr in zip(opt.param_groups, sched.get_last_lr()): g['lr'] = lr
+    return m['step'], m.get('history', history)
+
+def _save_mesh(ckpt: Path, mesh, model, opt, sched, step: int, meta: dict):
+    """Collective: rank 0 writes the whole weights (`model`, synced) and the meta; every rank its shards of model and
+    optimizer into the same temporary directory's `dcp/`, before it is renamed into place."""
+    from composer2.mesh import save_dcp
+    def extra(tmp):
+        _broadcast(str(tmp)); save_dcp(mesh, opt, tmp / 'dcp')
+        return {'scheduler': sched.state_dict(), 'dcp': {f.name: sha256_file(f) for f in sorted((tmp / 'dcp').iterdir())}}
+    if torch.distributed.get_rank() == 0: save_checkpoint(ckpt, model, step=step, meta=meta, extra=extra)
+    else: save_dcp(mesh, opt, Path(_broadcast(None)) / 'dcp')
+    torch.distributed.barrier()
+
+# %% ../nbs/5_train/00_train.ipynb #c015c
+def _resume_ds(engine, ckpt: Path, stage: str, cfg: TrainConfig, history: dict) -> tuple[int, dict]:
+    "Load an unfinished DeepSpeed run of `stage` from the checkpoint's `ds/` (DeepSpeed's own: ZeRO partitions, schedule)."
+    if (m := _resumable(ckpt, stage, cfg)) is None: return 0, history
+    if 'deepspeed' not in m:
+        raise CheckpointError(f"{ckpt} holds an unfinished run written without DeepSpeed: its optimizer state cannot be "
+                              "resumed under DeepSpeed (move the checkpoint away to start over)")
+    for name, sha in m['deepspeed'].items():
+        f = ckpt / name
+        if not f.exists() or sha256_file(f) != sha: raise CheckpointError(f"checkpoint file {f} is missing, corrupt or truncated")
+    engine.load_checkpoint(str(ckpt / 'ds'), tag='ds', load_optimizer_states=True, load_lr_scheduler_states=True)
+    return m['step'], m.get('history', history)
+
+def _save_ds(ckpt: Path, engine, model, step: int, meta: dict):
+    """Collective: DeepSpeed's own checkpoint (every rank's ZeRO partitions) in the new checkpoint's `ds/`, beside the
+    whole weights (gathered under ZeRO-3) that rank 0 writes in the single-process format."""
+    import deepspeed
+    from contextlib import nullcontext
+    from safetensors.torch import save_file
+    z3 = engine.zero_optimization_stage() == 3
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None) if z3 else nullcontext():
+        whole = model_state(model) if torch.distributed.get_rank() == 0 else None
+    def extra(tmp):
+        save_file(whole, str(tmp / 'model.safetensors'))
+        _broadcast(str(tmp)); engine.save_checkpoint(str(tmp / 'ds'), tag='ds')
+        return {'deepspeed': {str(f.relative_to(tmp)): sha256_file(f) for f in sorted((tmp / 'ds').rglob('*')) if f.is_file()}}
+    if torch.distributed.get_rank() == 0: save_checkpoint(ckpt, model, step=step, meta=meta, extra=extra)
+    else: engine.save_checkpoint(str(Path(_broadcast(None)) / 'ds'), tag='ds')
+    torch.distributed.barrier()
+
+def _save(ckpt: Path, model, mesh, engine, opt, sched, step: int, meta: dict):
+    "The step's checkpoint on whichever path trains (collective on the mesh and under DeepSpeed)."
+    if mesh is not None: _save_mesh(ckpt, mesh, model, opt, sched, step, meta)
+    elif engine is not None: _save_ds(ckpt, engine, model, step, meta)
+    elif _dist_info()[0] == 0: save_checkpoint(ckpt, model, opt, sched, step, meta)
+
 # %% ../nbs/5_train/00_train.ipynb #c016
 def _step(model, engine, opt, sched, batch, cfg: TrainConfig, device, accum: int, world: int, aux_coef: float, loss_fn):
     "One optimizer step over the micro-batches of `batch`: (mean token loss, grad norm, tokens, last forward output)."
     n_global = batch.mask.sum().float().clone()
     if world > 1: torch.distributed.all_reduce(n_global)
     n_global = n_global.clamp_min(1)
-    loss_total, out = torch.zeros((), device=device), None
+    loss_total, out, pre = torch.zeros((), device=device), None, 0.0
     for mb in batch.split(accum):
         with autocast_ctx(cfg, device):
             if loss_fn is None:
@@ -241,14 +349,19 @@ def _step(model, engine, opt, sched, batch, cfg: TrainConfig, device, accum: int
                 s, _ = loss_fn(model if engine is None else engine, mb); aux = 0.0
         loss = s / n_global + aux_coef * aux / accum / world
         if engine is None: loss.backward()
-        else: engine.backward(loss * world * accum); engine.step()   # DeepSpeed divides by accum and averages over ranks
+        else:
+            engine.backward(loss * world * accum)                    # DeepSpeed divides by accum and averages over ranks
+            if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:   # whole, averaged
+                pre = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+            engine.step()
         loss_total += s.detach() / n_global
     if world > 1: torch.distributed.all_reduce(loss_total)
     if engine is None:
         gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
     else:
-        gn = float(engine.get_global_grad_norm() or 0.0)
+        gn = engine.get_global_grad_norm()                   # ZeRO 1-3: the norm over every rank's partition
+        gn = float(pre if gn is None else gn)                # ZeRO-0 keeps none: the whole gradients' before the step
     return float(loss_total), gn, int(n_global), out
 
 # %% ../nbs/5_train/00_train.ipynb #c016b
@@ -311,13 +424,15 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
         from composer2.mesh import MeshModel, validate_parallel
         dims = validate_parallel(cfg.parallel, world, model.cfg, cfg.batch_size, cfg.seq_len)
         if loss_fn is not None and dims.cp > 1: raise ConfigError("train.parallel.cp > 1 needs the built-in next-token loss (no loss_fn)")
+        resume = _mesh_preload(model, ckpt, stage, cfg, device)
         mesh = MeshModel(model, dims, device); data_rank = mesh.coords['dp']
     torch.manual_seed(cfg.seed)
     opt, sched = make_optimizer(mesh or model, cfg)
     start, history = 0, {'step': [], 'loss': [], 'lr': [], 'grad_norm': [], 'tokens': [], 'eval': []}
     if kind == 'single': start, history = _resume(model, opt, sched, ckpt, stage, cfg, device, history)
-    engine = None
-    if use_ds: engine, opt, sched = _deepspeed(model, opt, sched, cfg, micro, accum)
+    elif kind == 'mesh' and resume is not None: start, history = _resume_mesh(mesh, model, opt, sched, ckpt, resume, stage, history)
+    engine, opt, sched = _deepspeed(model, opt, sched, cfg, micro, accum) if use_ds else (None, opt, sched)
+    if use_ds: start, history = _resume_ds(engine, ckpt, stage, cfg, history)
     live = None
     if live_dir and rank == 0:
         from dvclive import Live
@@ -350,9 +465,8 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
             history['eval'].append({'step': step + 1, **ev})
             if live is not None:
                 for k, v in ev.items(): live.log_metric(f'eval/{k}', v)
-        if rank == 0 and save:
-            save_checkpoint(ckpt, model, opt if kind == 'single' else None, sched if kind == 'single' else None, step + 1,
-                            {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
+        if save: _save(ckpt, model, mesh, engine, opt, sched, step + 1,
+                       {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
     history['wall_s'] = time.time() - t0
     history['tokens_per_s'] = (tok_count - tok_start) / max(1e-9, history['wall_s'])
     if mesh is not None: history['mesh'] = {'coords': mesh.coords, 'shapes': mesh.local_shapes()}   # after the last save
