@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from .config import ConfigError, check, from_dict, to_dict, write_json
 from .io import CheckpointError, read_meta, sha256_file, write_checkpoint
 from .model import ModelConfig, Transformer
+from .tokenizer import copy_tokenizer_files
 
 # %% auto #0
 __all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'model_state', 'load_weights', 'save_checkpoint', 'load_model',
@@ -112,19 +113,23 @@ def load_weights(model, path, device='cpu'):
     if tied: model.head.weight = model.embed.weight
 
 def save_checkpoint(path, model: Transformer, optimizer=None, scheduler=None, step: int = 0, meta: dict | None = None):
-    "Atomically write a checkpoint directory (through `composer2.io.write_checkpoint`, the one checkpoint writer)."
+    """Atomically write a checkpoint directory (through `composer2.io.write_checkpoint`, the one checkpoint writer);
+    `meta['tokenizer']`, a pretrained tokenizer's directory, is copied in (see above)."""
     from safetensors.torch import save_file
+    meta = dict(meta or {}); tok = meta.pop('tokenizer', None)
+    if tok is not None: meta.update(tokenizer='.', tokenizer_source=str(tok))
     def write(tmp):
         save_file(model_state(model), str(tmp / 'model.safetensors'))
         if optimizer is not None:
             torch.save({'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict() if scheduler else None},
                        tmp / 'optimizer.pt')
-    return write_checkpoint(path, write, {'step': step, 'model_config': to_dict(model.cfg), **(meta or {})})
+        if tok is not None: copy_tokenizer_files(tok, tmp)
+    return write_checkpoint(path, write, {'step': step, 'model_config': to_dict(model.cfg), **meta})
 
 def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
     """Rebuild the model of a checkpoint (config from its meta, weights verified); `overrides` change config keys.
     `hf:DIR` imports a Hugging Face Qwen2-MoE / Qwen3-MoE directory (`composer2.hf.import_hf`); its meta names DIR
-    as the model's tokenizer (`meta['tokenizer']`)."""
+    as the model's tokenizer (`meta['tokenizer']`), as it names a checkpoint that carries a tokenizer."""
     if str(path).startswith('hf:'):
         from composer2.hf import import_hf
         model = import_hf(str(path)[3:], **overrides)
@@ -133,6 +138,7 @@ def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
     mc = dict(meta['model_config']); mc.update(overrides)
     model = Transformer(from_dict(ModelConfig, mc, 'model_config'))
     load_weights(model, Path(path) / 'model.safetensors', device)
+    if meta.get('tokenizer') is not None: meta['tokenizer'] = str(Path(path) / meta['tokenizer'])
     return model.to(device), meta
 
 # %% ../nbs/5_train/00_train.ipynb #c013
