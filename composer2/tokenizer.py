@@ -18,7 +18,8 @@ from .data import read_docs
 
 # %% auto #0
 __all__ = ['TOKENIZER_FILES', 'SPLITS', 'TokenizerConfig', 'Tokenizer', 'hf_message', 'copy_tokenizer_files',
-           'PretrainedTokenizer', 'stream_dtype', 'encode_stream', 'save_stream', 'load_stream', 'corpus_stream']
+           'PretrainedTokenizer', 'load_tokenizer', 'stage_tokenizer', 'check_vocab', 'stream_dtype', 'encode_stream',
+           'save_stream', 'load_stream', 'corpus_stream']
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c005
 @dataclass
@@ -152,6 +153,26 @@ class PretrainedTokenizer(Tokenizer):
             spans.append((len(a), len(b)))
         enc = self.hf.encode(full, add_special_tokens=False)
         return enc.ids, [int(any(a <= s < b for a, b in spans)) for s, _ in enc.offsets]
+
+# %% ../nbs/2_data/01_tokenizer.ipynb #c008d2
+def load_tokenizer(path) -> Tokenizer:
+    "The project's tokenizer, or a `PretrainedTokenizer` when the directory is not one of ours (no reserved specials)."
+    p = Path(path)
+    try: return Tokenizer.load(p)
+    except ValueError as e:
+        if 'does not reserve' not in str(e): raise
+    return PretrainedTokenizer(p if p.is_dir() else p.parent)
+def stage_tokenizer(default, meta: dict | None = None) -> Tokenizer:
+    "A stage's tokenizer: the one its init brings (`meta['tokenizer']` from `train.load_model`), else ours at `default`."
+    t = (meta or {}).get('tokenizer')
+    return PretrainedTokenizer(t) if t else Tokenizer.load(default)
+
+def check_vocab(tok: Tokenizer, vocab_size: int, where: str):
+    "The model's vocabulary must cover the tokenizer's: equal for ours; a HF model's embedding may be padded past its tokenizer."
+    pre = isinstance(tok, PretrainedTokenizer)
+    if not (tok.vocab_size <= vocab_size if pre else tok.vocab_size == vocab_size):
+        raise ConfigError(f"{where}: the model's vocabulary ({vocab_size}) differs from the tokenizer's ({tok.vocab_size}"
+                          f"{', ' + str(tok.path) if pre else ''})")
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c010
 SPLITS = ['general', 'code_train', 'code_val', 'heldout']
