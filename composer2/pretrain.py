@@ -13,7 +13,7 @@ import torch
 
 from .config import ConfigError, check, to_dict, write_resolved
 from .model import ModelConfig, RopeScaling, Transformer
-from .tokenizer import PretrainedTokenizer, Tokenizer, check_vocab, corpus_stream, load_stream, stage_tokenizer
+from .tokenizer import PretrainedTokenizer, Tokenizer, check_vocab, load_stream, stage_stream, stage_tokenizer, tokenizer_meta
 from .train import TrainConfig, WindowSampler, load_model, perplexity, train
 
 # %% auto #0
@@ -75,10 +75,8 @@ def stage_data(name: str, cfg: PretrainConfig, model_cfg: ModelConfig | None = N
         tok = Tokenizer.load(cfg.tokenizer); model, meta = build_model(cfg, model_cfg, tok.vocab_size)
     if cfg.train.seq_len > model.cfg.max_seq_len:
         raise ConfigError(f"{name}.train.seq_len ({cfg.train.seq_len}) exceeds the model context ({model.cfg.max_seq_len})")
-    paths, pre = (cfg.data, cfg.val, cfg.heldout), isinstance(tok, PretrainedTokenizer)
-    streams = tuple(corpus_stream(tok, Path(cfg.corpus_dir) / f'{Path(p).stem}.jsonl', Path(cfg.out_dir) / 'tokens' / f'{Path(p).stem}.bin')
-                    if pre else load_stream(p) for p in paths)
-    return model, tok, streams, {'init': cfg.init, **({'tokenizer': str(tok.path)} if pre else {})}
+    streams = tuple(stage_stream(tok, p, cfg.corpus_dir, Path(cfg.out_dir) / 'tokens') for p in (cfg.data, cfg.val, cfg.heldout))
+    return model, tok, streams, {'init': cfg.init, **tokenizer_meta(tok)}
 
 def run_pretrain(name: str, cfg: PretrainConfig, model_cfg: ModelConfig | None = None, live_dir=None) -> dict:
     """Train pretraining stage `name` into `cfg.out_dir` (checkpoint and resolved config), logging curves to

@@ -14,7 +14,7 @@ import torch
 from .chat import Message, encode_chat
 from .config import ConfigError, check, write_resolved
 from .data import Doc, read_docs
-from .tokenizer import PretrainedTokenizer, Tokenizer, check_vocab, stage_tokenizer
+from .tokenizer import PretrainedTokenizer, Tokenizer, check_vocab, stage_tokenizer, tokenizer_meta
 from .train import Batch, TrainConfig, load_model, masked_ce, train
 
 # %% auto #0
@@ -119,7 +119,7 @@ def run_sft(cfg: SFTConfig, live_dir=None) -> dict:
     hist = train(model, cfg.train, SFTSampler(train_ex, cfg.train.batch_size, tok.pad_id, cfg.train.seed), cfg.out_dir,
                  stage='sft', eval_fn=lambda m: {'heldout_completion_loss': completion_loss(m, held)},
                  live_dir=live_dir,
-                 meta={'init': cfg.init, **({'tokenizer': str(tok.path)} if isinstance(tok, PretrainedTokenizer) else {})})
+                 meta={'init': cfg.init, **tokenizer_meta(tok)})
     metrics = {'train_examples': len(train_ex), 'heldout_examples': len(held), 'heldout_completion_loss_before': before,
                'heldout_completion_loss_after': hist['eval'][-1]['heldout_completion_loss'],
                'final_loss': hist['loss'][-1], 'first_loss': hist['loss'][0], 'tokens_per_s': hist['tokens_per_s'],

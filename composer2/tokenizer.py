@@ -18,8 +18,8 @@ from .data import read_docs
 
 # %% auto #0
 __all__ = ['TOKENIZER_FILES', 'SPLITS', 'TokenizerConfig', 'Tokenizer', 'hf_message', 'copy_tokenizer_files',
-           'PretrainedTokenizer', 'load_tokenizer', 'stage_tokenizer', 'check_vocab', 'stream_dtype', 'encode_stream',
-           'save_stream', 'load_stream', 'corpus_stream']
+           'PretrainedTokenizer', 'load_tokenizer', 'stage_tokenizer', 'check_vocab', 'tokenizer_meta', 'stream_dtype',
+           'encode_stream', 'save_stream', 'load_stream', 'corpus_stream', 'stage_stream']
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c005
 @dataclass
@@ -87,7 +87,7 @@ class Tokenizer:
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c008d
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'added_tokens.json',
-                   'chat_template.jinja', 'chat_template.json')
+                   'chat_template.jinja', 'chat_template.json', 'generation_config.json')   # (and its stop ids)
 
 def hf_message(m: Message) -> dict:
     "One of our turns as the dict chat templates read (OpenAI style: tool calls as `{'type': 'function', 'function': ...}`)."
@@ -174,6 +174,10 @@ def check_vocab(tok: Tokenizer, vocab_size: int, where: str):
         raise ConfigError(f"{where}: the model's vocabulary ({vocab_size}) differs from the tokenizer's ({tok.vocab_size}"
                           f"{', ' + str(tok.path) if pre else ''})")
 
+def tokenizer_meta(tok: Tokenizer) -> dict:
+    "What a stage adds to its checkpoint's meta so the checkpoint carries `tok`: `{'tokenizer': DIR}` for a pretrained one."
+    return {'tokenizer': str(tok.path)} if isinstance(tok, PretrainedTokenizer) else {}
+
 # %% ../nbs/2_data/01_tokenizer.ipynb #c010
 SPLITS = ['general', 'code_train', 'code_val', 'heldout']
 
@@ -230,3 +234,10 @@ def corpus_stream(tok: Tokenizer, corpus, out) -> np.ndarray:
         if {k: old.get(k) for k in info} == info: return load_stream(out)
     save_stream(out, encode_stream(tok, [d.text for d in read_docs(corpus)]), info)
     return load_stream(out)
+
+def stage_stream(tok: Tokenizer, path, corpus_dir, cache_dir) -> np.ndarray:
+    """The stream a stage reads for `path` (`data/tokens/<split>.bin`): that file for our tokenizer; for a pretrained
+    one, corpus split `corpus_dir/<split>.jsonl` encoded with it into `cache_dir/<split>.bin` (`corpus_stream`)."""
+    if not isinstance(tok, PretrainedTokenizer): return load_stream(path)
+    split = Path(path).stem
+    return corpus_stream(tok, Path(corpus_dir) / f'{split}.jsonl', Path(cache_dir) / f'{split}.bin')

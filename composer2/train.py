@@ -20,8 +20,8 @@ from .model import ModelConfig, Transformer
 from .tokenizer import copy_tokenizer_files
 
 # %% auto #0
-__all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'model_state', 'load_weights', 'save_checkpoint', 'load_model',
-           'autocast_ctx', 'masked_ce', 'perplexity', 'make_optimizer', 'train']
+__all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'model_state', 'load_weights', 'carry_tokenizer',
+           'save_checkpoint', 'load_model', 'autocast_ctx', 'masked_ce', 'perplexity', 'make_optimizer', 'train']
 
 # %% ../nbs/5_train/00_train.ipynb #c005
 @dataclass
@@ -112,18 +112,26 @@ def load_weights(model, path, device='cpu'):
         raise CheckpointError(f"weights {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if tied: model.head.weight = model.embed.weight
 
+def carry_tokenizer(meta: dict | None) -> tuple[dict, Callable]:
+    """Split a pretrained tokenizer's directory off `meta['tokenizer']`: (the meta to record, `write(tmp)` copying its
+    files). `tokenizer_source` names where it came from first (the `hf:` directory, through a chain of checkpoints)."""
+    meta = dict(meta or {}); tok = meta.pop('tokenizer', None)
+    if tok is None: return meta, lambda tmp: None
+    up = Path(tok) / 'meta.json'
+    origin = json.loads(up.read_text()).get('tokenizer_source', str(tok)) if up.exists() else str(tok)
+    return {**meta, 'tokenizer': '.', 'tokenizer_source': origin}, lambda tmp: copy_tokenizer_files(tok, tmp)
+
 def save_checkpoint(path, model: Transformer, optimizer=None, scheduler=None, step: int = 0, meta: dict | None = None):
     """Atomically write a checkpoint directory (through `composer2.io.write_checkpoint`, the one checkpoint writer);
     `meta['tokenizer']`, a pretrained tokenizer's directory, is copied in (see above)."""
     from safetensors.torch import save_file
-    meta = dict(meta or {}); tok = meta.pop('tokenizer', None)
-    if tok is not None: meta.update(tokenizer='.', tokenizer_source=str(tok))
+    meta, write_tok = carry_tokenizer(meta)
     def write(tmp):
         save_file(model_state(model), str(tmp / 'model.safetensors'))
         if optimizer is not None:
             torch.save({'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict() if scheduler else None},
                        tmp / 'optimizer.pt')
-        if tok is not None: copy_tokenizer_files(tok, tmp)
+        write_tok(tmp)
     return write_checkpoint(path, write, {'step': step, 'model_config': to_dict(model.cfg), **meta})
 
 def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:

@@ -112,51 +112,89 @@ def test_tokenizer_errors_name_the_problem(tmp_path):
     bad = tmp_path / 'bad.bin'; bad.write_bytes(b'\0' * 6); (tmp_path / 'bad.bin.json').write_text('{"dtype": "uint32"}')
     with pytest.raises(ValueError, match='truncated'): load_stream(bad)
 
-def test_cpt_then_sft_from_hf_init_use_its_tokenizer(tmp_path, hfdir, monkeypatch):
+@pytest.fixture(scope='module')
+def chain(tmp_path_factory):
+    "The real `cpt` stage from hf:DIR, then `sft` from its checkpoint, in a workspace; the windows cpt's trainer got."
     import composer2.pretrain as P
-    from composer2.sft import encode_tasks, function_tasks, task_messages
     from composer2.stages import pretrain as stage_pretrain, sft as stage_sft
-    from composer2.data import read_docs
-    from composer2.train import load_model
-    corpus = _corpus(tmp_path / 'corpus')
-    monkeypatch.chdir(tmp_path)
+    ws = tmp_path_factory.mktemp('ws')
+    hfdir, corpus = _hf_model_dir(ws / 'hfmodel'), _corpus(ws / 'corpus')
     fed, real_train = [], P.train
     def spy(model, cfg, batch_fn, *a, **k):                   # the windows the trainer gets, step by step
         fed.extend(batch_fn(s).x for s in range(cfg.steps))
         return real_train(model, cfg, batch_fn, *a, **k)
-    monkeypatch.setattr(P, 'train', spy)
-    params = _params(tmp_path / 'params.yaml',
+    params = _params(ws / 'params.yaml',
                      cpt=dict(init=f'hf:{hfdir}', out_dir='cpt', corpus_dir=str(corpus), tokenizer='no/such/tokenizer', train=TRAIN),
                      sft=dict(init='cpt/ckpt', out_dir='sft', corpus_dir=str(corpus), tokenizer='no/such/tokenizer',
                               train={**TRAIN, 'seq_len': 256}))
-    m = stage_pretrain.cpt(params)
-    assert np.isfinite(m['final_loss']) and m['steps'] == 2
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ws); mp.setattr(P, 'train', spy)
+        m, sm = stage_pretrain.cpt(params), stage_sft.run(params)
+    return dict(ws=ws, hfdir=hfdir, corpus=corpus, fed=fed, cpt=m, sft=sm, ref=AutoTokenizer.from_pretrained(str(hfdir)))
+
+def test_cpt_from_hf_init_feeds_the_models_own_tokens(chain):
+    from composer2.data import read_docs
+    from composer2.train import load_model
+    ws, ref, hfdir = chain['ws'], chain['ref'], chain['hfdir']
+    assert np.isfinite(chain['cpt']['final_loss']) and chain['cpt']['steps'] == 2
     # the streams: the corpus split encoded by the HF tokenizer (transformers' ids), documents ended by its eos, uint32
-    ref = AutoTokenizer.from_pretrained(str(hfdir))
-    want = [i for d in read_docs(corpus / 'code_train.jsonl') for i in ref(d.text, add_special_tokens=False)['input_ids'] + [ref.eos_token_id]]
-    stream = load_stream('cpt/tokens/code_train.bin')
+    want = [i for d in read_docs(chain['corpus'] / 'code_train.jsonl')
+            for i in ref(d.text, add_special_tokens=False)['input_ids'] + [ref.eos_token_id]]
+    stream = load_stream(ws / 'cpt/tokens/code_train.bin')
     assert stream.dtype == np.uint32 and stream.tolist() == want and max(want) > 65535
-    assert json.loads(Path('cpt/tokens/code_train.bin.json').read_text())['dtype'] == 'uint32'
+    assert json.loads((ws / 'cpt/tokens/code_train.bin.json').read_text())['dtype'] == 'uint32'
     s = np.asarray(want)
-    for x in torch.cat(fed):                                  # every window fed is a slice of that stream
+    for x in torch.cat(chain['fed']):                         # every window fed is a slice of that stream
         w = x.numpy()
         assert any((s[o:o + len(w)] == w).all() for o in np.flatnonzero(s == w[0]))
     # the checkpoint carries the tokenizer: the same files, named in its meta, and load_model hands it on
-    ck = Path('cpt/ckpt')
+    ck = ws / 'cpt/ckpt'
     assert (ck / 'tokenizer.json').read_bytes() == (hfdir / 'tokenizer.json').read_bytes()
     assert json.loads((ck / 'meta.json').read_text())['tokenizer'] == '.'
     _, meta = load_model(ck)
     assert Path(meta['tokenizer']) == ck and isinstance(load_tokenizer(meta['tokenizer']), PretrainedTokenizer)
-    # SFT from that checkpoint: tasks are the model's chat template (apply_chat_template), loss on the assistant turn
-    sm = stage_sft.run(params)
-    assert np.isfinite(sm['heldout_completion_loss_after']) and sm['train_examples'] > 0
-    tok = load_tokenizer('sft/ckpt')
-    assert isinstance(tok, PretrainedTokenizer) and (Path('sft/ckpt') / 'tokenizer_config.json').exists()
-    pairs = function_tasks(read_docs(corpus / 'code_train.jsonl'))
+
+def test_sft_from_that_checkpoint_renders_the_models_chat_template(chain):
+    from composer2.data import read_docs
+    from composer2.sft import encode_tasks, function_tasks, task_messages
+    ws, ref = chain['ws'], chain['ref']
+    assert np.isfinite(chain['sft']['heldout_completion_loss_after']) and chain['sft']['train_examples'] > 0
+    tok = load_tokenizer(ws / 'sft/ckpt')
+    assert isinstance(tok, PretrainedTokenizer) and (ws / 'sft/ckpt/tokenizer_config.json').exists()
+    pairs = function_tasks(read_docs(chain['corpus'] / 'code_train.jsonl'))
     (ids, mask), = encode_tasks(tok, pairs[:1], 10 ** 6)
     dicts = [hf_message(x) for x in task_messages(*pairs[0])]
     assert ids == list(ref.apply_chat_template(dicts, tokenize=True, return_dict=False))
     assert tok.decode([i for i, k in zip(ids, mask) if k]) == pairs[0][1] + '<|im_end|>\n'
+
+def test_eval_and_export_use_the_carried_tokenizer(chain, monkeypatch):
+    from composer2.evaluate import EvalConfig, evaluate_checkpoints
+    from composer2.stages.export_hf import run as export_run
+    from composer2.train import load_model, perplexity
+    ws, ref = chain['ws'], chain['ref']
+    monkeypatch.chdir(ws)
+    ev = evaluate_checkpoints(EvalConfig(checkpoints={'cpt': 'cpt/ckpt', 'sft': 'sft/ckpt'}, tokenizer='no/such', heldout='no/such/heldout.bin',
+                                         corpus_dir=str(chain['corpus']), short_len=16, long_len=32, short_windows=2, long_windows=2,
+                                         sft_max_len=257, max_heldout_tasks=2))
+    held = load_stream(ws / 'cpt/tokens/heldout.bin')
+    m, _ = load_model('sft/ckpt', max_seq_len=512)
+    assert ev['sft']['ppl_heldout_short'] == pytest.approx(perplexity(m, held, 16, 2), rel=1e-6)
+    assert ev['sft']['tokenizer'] == str(chain['hfdir']) and np.isfinite(ev['cpt']['sft_heldout_loss'])
+    _params(ws / 'export.yaml', export_hf=dict(checkpoints={'sft': 'sft/ckpt'}, tokenizer='no/such', heldout='no/such/heldout.bin',
+                                               corpus_dir=str(chain['corpus']), seq_len=16, windows=2))
+    r = export_run('export.yaml')['sft']
+    assert r['rel_diff'] < 1e-5 and r['arch'] == 'qwen3_moe', r
+    out = AutoTokenizer.from_pretrained(str(ws / 'data/hf/sft'))
+    assert out.get_vocab() == ref.get_vocab() and out.chat_template == ref.chat_template
+    assert json.loads((ws / 'data/hf/sft/config.json').read_text())['eos_token_id'] == ref.eos_token_id
+
+def test_save_mtp_carries_the_tokenizer(chain, tmp_path):
+    from composer2.mtp import MTPHeads, load_mtp, save_mtp
+    from composer2.train import load_model
+    m, meta = load_model(chain['ws'] / 'sft/ckpt')
+    save_mtp(tmp_path / 'mtp', m, MTPHeads(m.cfg, depth=1), {'stage': 'mtp', 'tokenizer': meta['tokenizer']})
+    _, _, mm = load_mtp(tmp_path / 'mtp')
+    assert isinstance(load_tokenizer(mm['tokenizer']), PretrainedTokenizer) and Path(mm['tokenizer']) == tmp_path / 'mtp'
 
 def test_hf_init_without_chat_template_fails_sft_clearly(tmp_path):
     from composer2.sft import SFTConfig, run_sft
