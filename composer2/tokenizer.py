@@ -118,6 +118,9 @@ class PretrainedTokenizer(Tokenizer):
         except Exception:                   # e.g. a checkpoint carrying the files, without the model's config.json
             try: self.auto = PreTrainedTokenizerFast.from_pretrained(str(self.path))
             except Exception as e: raise ValueError(f"{self.path}: transformers cannot load this tokenizer directory: {e}") from None
+        probe = 'def f(x):\n    return "héllo ✓" + x  # 1\n\n'
+        if self.auto(probe, add_special_tokens=False)['input_ids'] != self.encode(probe):
+            raise ValueError(f"{self.path}: transformers ({type(self.auto).__name__}) and tokenizer.json encode text differently")
         if self.auto.eos_token is None: raise ValueError(f"{self.path}: the tokenizer names no eos_token (tokenizer_config.json)")
         self._eos = self.token_id(self.auto.eos_token)
         self._pad = self.token_id(self.auto.pad_token) if self.auto.pad_token is not None else self._eos
