@@ -155,7 +155,8 @@ def write_json(path, obj, indent=2):
 def write_resolved(out_dir, **cfgs):
     """Record the resolved configs of a run as `out_dir/config.json`. Only what the inputs determine goes in (no git
     commit, no clock), so an output folder hashes the same whenever it is rebuilt from the same inputs; the commit
-    goes to the stage's provenance file (`composer2.stages.write_metrics`)."""
+    goes to the stage's provenance file (`composer2.stages.write_metrics`). Under a launcher only rank 0 writes."""
+    if int(os.environ.get('RANK', '0')) != 0: return
     write_json(Path(out_dir) / 'config.json', {k: (to_dict(v) if is_dataclass(v) else v) for k, v in cfgs.items()})
 
 # %% ../nbs/0_core/00_config.ipynb #c017

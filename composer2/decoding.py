@@ -12,7 +12,7 @@ import torch
 from .model import frozen_weights
 
 # %% auto #0
-__all__ = ['cache_dtype', 'KVCache', 'Generation', 'sample_next', 'generate']
+__all__ = ['cache_dtype', 'KVCache', 'Generation', 'sample_next', 'generate', 'StaticView', 'compiled_step']
 
 # %% ../nbs/3_model/02_decoding.ipynb #c012
 def cache_dtype(p: torch.Tensor) -> torch.dtype:
@@ -21,8 +21,11 @@ def cache_dtype(p: torch.Tensor) -> torch.dtype:
     runs in fp32, as the math backend computes bf16 attention anyway: the CPU's bf16 flash kernel measured 3-5x slower."""
     return torch.float32 if p.device.type == 'cpu' and p.dtype in (torch.bfloat16, torch.float16) else p.dtype
 
+
+# %% ../nbs/3_model/02_decoding.ipynb #c012b
 class KVCache:
     "Per-layer key/value buffers with a length per sequence."
+    static = False      # True for `StaticView`, the form of a compiled decode step (see below)
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim, device='cpu', dtype=torch.float32):
         self.k = [torch.zeros(batch, n_kv_heads, max_len, head_dim, device=device, dtype=dtype) for _ in range(n_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
@@ -118,16 +121,18 @@ def sample_next(logits, temperature=1.0, top_p=1.0, generator=None):
     return tok, lp.gather(-1, tok[:, None])[:, 0]
 
 def generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.0, top_p=1.0, eos_id=None,
-             generator=None, return_routes=False, cache_dtype=None, stop_ids=()) -> Generation:
+             generator=None, return_routes=False, cache_dtype=None, stop_ids=(), compile=False) -> Generation:
     """Batched KV-cached decoding of `prompts` (lists of token ids, any lengths). Tokens stay on the device during the
-    loop (stop checks are vectorised; one read per step only when there are stop ids) and move to lists once at the end."""
+    loop (stop checks are vectorised; one read per step only when there are stop ids) and move to lists once at the end.
+    `compile=True` runs the steps after the prefill through `compiled_step` (below)."""
     with frozen_weights(model):
         return _generate(model, prompts, max_new_tokens, temperature, top_p, eos_id, generator, return_routes,
-                         cache_dtype, stop_ids)
+                         cache_dtype, stop_ids, compile)
 
 @torch.no_grad()
 def _generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.0, top_p=1.0, eos_id=None,
-             generator=None, return_routes=False, cache_dtype=None, stop_ids=()) -> Generation:
+             generator=None, return_routes=False, cache_dtype=None, stop_ids=(), compile=False) -> Generation:
+    if compile and return_routes: raise ValueError("generate(compile=True) records no routes: pass return_routes=False")
     if not prompts or any(len(p) == 0 for p in prompts): raise ValueError("generate needs non-empty prompts")
     dev, B = next(model.parameters()).device, len(prompts)
     ln = [len(p) for p in prompts]; P = max(ln)
@@ -146,6 +151,7 @@ def _generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.
         if stop_t is not None: done = done | torch.isin(tok, stop_t)
         final = step == max_new_tokens - 1 or (stop_t is not None and bool(done.all()))
         if final and not return_routes: break
+        if compile: last = compiled_step(model, tok, cache); continue
         out = model(tok[:, None], cache=cache, return_routes=return_routes, stats=False)  # also the new token's routes
         if return_routes: st_rt.append(out.routes[:, :, 0])
         if final: break
@@ -159,3 +165,41 @@ def _generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.
         rt = torch.stack(st_rt, 2).to(torch.uint8)                          # [L, B, steps, k]
         g.routes = [torch.cat([prompt_routes[:, i, :ln[i]].to(torch.uint8), rt[:, i, :len(toks[i])]], 1) for i in range(B)]
     return g
+
+# %% ../nbs/3_model/02_decoding.ipynb #c029b
+class StaticView(KVCache):
+    "A `KVCache`'s buffers in the static form a compiled decode step needs (see above); its lengths are a new tensor."
+    static = True
+    def __init__(self, cache: KVCache):
+        self.k, self.v, self.max_len, self._lengths, self._uni = cache.k, cache.v, cache.max_len, cache.lengths, None
+    def static_plan(self, device):
+        "`attn_plan` of one token per row: every slot read, those beyond each row's length masked."
+        S = self.max_len
+        return None, S, (torch.arange(S, device=device)[None, :] <= self._lengths[:, None])[:, None, None], False
+    def write(self, layer, k, v, start, s0=None):
+        rows = torch.arange(k.shape[0], device=k.device)
+        self.k[layer][rows, :, start] = k[:, :, 0].to(self.k[layer].dtype)
+        self.v[layer][rows, :, start] = v[:, :, 0].to(self.v[layer].dtype)
+    def advance(self, n, common=None): self._lengths = self._lengths + n
+
+def _step(model, tok, view):
+    return model(tok[:, None], cache=view, stats=False).logits[:, -1], view._lengths
+
+_COMPILED, _SEEN = [], set()
+
+@torch.no_grad()
+def compiled_step(model, tok: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """One decode step (token `tok[b]` appended to row b of `cache`) as a compiled graph: logits [B, V]; the cache
+    advances by one. Raises like the eager step on a token id out of range or a full cache. Past dynamo's
+    `recompile_limit` (8) graphs a new shape runs the eager step."""
+    c = model.cfg
+    lo, hi, full = torch.stack([tok.min(), tok.max(), cache.lengths.max()]).tolist()     # one read back per step
+    if lo < 0 or hi >= c.vocab_size: raise ValueError(f"token ids must lie in [0, {c.vocab_size}); got range [{lo}, {hi}]")
+    if full >= cache.max_len: raise ValueError(f"KV cache overflow: {full + 1} positions > capacity {cache.max_len}")
+    if not _COMPILED: _COMPILED.append(torch.compile(_step, dynamic=False))
+    key = (id(model), repr(c), tok.shape[0], cache.max_len, cache.k[0].dtype, next(model.parameters()).dtype)
+    if key not in _SEEN and len(_SEEN) >= torch._dynamo.config.recompile_limit:     # dynamo's graphs per function:
+        return model(tok[:, None], cache=cache, stats=False).logits[:, -1]          # beyond them, the eager step
+    with torch.compiler.set_stance('default', skip_guard_eval_unsafe=key in _SEEN):
+        logits, cache.lengths = _COMPILED[0](model, tok, StaticView(cache))
+    _SEEN.add(key); return logits

@@ -24,7 +24,7 @@ MODULE_LAYERS = {
     'quant': 'numerics', 'kernels': 'numerics', 'lowp': 'numerics',
     'data': 'data', 'tokenizer': 'data',
     'model': 'model', 'decoding': 'model', 'rope': 'model', 'hf': 'model',
-    'parallel': 'parallel', 'parallel_plan': 'parallel',
+    'parallel': 'parallel', 'parallel_plan': 'parallel', 'mesh': 'parallel',
     'train': 'train', 'pretrain': 'train', 'pretrain_cp': 'train', 'sft': 'train', 'evaluate': 'train', 'mtp': 'train',
     'speculative': 'train',
     'env_base': 'harness', 'env': 'harness', 'tools': 'harness', 'tasks_data': 'harness', 'tasks_grade': 'harness',

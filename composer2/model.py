@@ -83,6 +83,7 @@ def attn_plan(cache, T: int, device):
     """How a cached forward of T new tokens attends, computed once per forward: (s0, L, mask, causal). `s0` is the common
     start of all rows (None if they differ); keys 0..L-1 are read. One new token at a common start needs no mask, a
     prefill from 0 is plain causal, otherwise query i of row b (position len_b + i) sees key j when j <= len_b + i."""
+    if T == 1 and getattr(cache, 'static', False): return cache.static_plan(device)    # compiled decoding
     s0 = cache.uniform()
     if s0 is not None:
         L = s0 + T
@@ -99,7 +100,7 @@ def _wt(mod, name, ws, dim=0):
     """Inference weights: `ws` concatenated along `dim` (output features), transposed to [.., in, out]. Inside a
     `frozen_weights` scope they are stored contiguous, the layout CPU GEMMs of few rows read fastest, and rebuilt when
     one of `ws` is moved or changed in place (its version counter); outside one they are rebuilt on every call."""
-    if not _FROZEN.get(id(mod)):
+    if torch.compiler.is_compiling() or not _FROZEN.get(id(mod)):   # a compiled graph transposes in place
         return (torch.cat(ws, dim) if len(ws) > 1 else ws[0]).detach().transpose(-1, -2)
     key = tuple((w.data_ptr(), w._version) for w in ws)
     c = mod.__dict__.get('_wt_' + name)
@@ -357,12 +358,16 @@ def moe_infer(moe, x, routes=None):
     """The MoE layer for inference (decoding, verification): the same `route`, experts and shared expert as `MoE.forward`,
     without the balance statistics, from `_wt` weights (w1|w3 fused). One token runs its k experts directly; up to 256 tokens
     are packed into an [E, capacity, d] buffer (slot = rank of the token among those sent to its expert) for one bmm
-    per projection; more go through `dispatch`/`expert_ffn`/`combine`. Returns (out, routes [B, T, k])."""
+    per projection; more go through `dispatch`/`expert_ffn`/`combine`. Inside a compiled graph (`decoding.compiled_step`)
+    each token's k experts' weights are gathered instead: no shape depends on the routes. Returns (out, routes [B, T, k])."""
     s, idx, gates = route(moe, x, routes)
     (B, T, d), k, E = x.shape, idx.shape[-1], moe.cfg.n_experts
     n, flat, w13, w2 = B * T, idx.reshape(-1), _wt(moe, 'w13', (moe.w13,)), _wt(moe, 'w2', (moe.w2,))
     g = gates.reshape(n, k).to(x.dtype)
-    if n == 1:
+    if torch.compiler.is_compiling():       # compiled decoding (static shapes): each token's k experts gathered
+        h1, h3 = torch.einsum('nd,nkdh->nkh', x.reshape(n, d), w13[idx.reshape(n, k)]).chunk(2, -1)
+        out = (torch.einsum('nkh,nkhd->nkd', F.silu(h1) * h3, w2[idx.reshape(n, k)]) * g[..., None]).sum(1)
+    elif n == 1:
         out = sum(_swiglu(x.reshape(1, d), w13[e], w2[e]) * g[0, j] for j, e in enumerate(flat.tolist()))
     elif n <= 256:
         slot = (F.one_hot(flat, E).cumsum(0) - 1).gather(1, flat[:, None])[:, 0]
@@ -381,7 +386,7 @@ def moe_infer(moe, x, routes=None):
 def _inputs(cfg, ids, cache, input_lens, positions):
     "Checks `ids` and returns the positions [B, T], the real-token mask (or None) and the common real length (or None)."
     B, T = ids.shape; dev = ids.device
-    if ids.numel():
+    if ids.numel() and not torch.compiler.is_compiling():      # compiled decoding checks its ids before the call
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()
         if lo < 0 or hi >= cfg.vocab_size: raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}); got range [{lo}, {hi}]")
     start = cache.lengths if cache is not None else torch.zeros(B, dtype=torch.long, device=dev)

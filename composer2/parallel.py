@@ -14,14 +14,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ConfigError, check
-from .model import MoE, MoEStats, Attention, DenseFFN, balance_loss, combine, dispatch, expert_ffn, route, shared_out
+from .model import MoE, MoEStats, balance_loss, combine, dispatch, expert_ffn, route, shared_out
 
 # %% auto #0
 __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigzag_unshard', 'lse_merge', 'ring_attention',
            'free_port', 'spawn_local', 'moe_aux_hooks', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather',
-           'all_to_all', 'EPMoE', 'shard_experts', 'copy_to_tp', 'reduce_from_tp', 'ColumnParallelLinear',
-           'RowParallelLinear', 'TPAttention', 'TPDenseFFN', 'tp_shard_model', 'ParallelDims', 'mesh_ranks',
-           'ParallelMesh', 'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention']
+           'all_to_all', 'GroupedExperts', 'EPMoE', 'shard_experts', 'ParallelDims', 'mesh_ranks', 'ParallelMesh',
+           'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention']
 
 # %% ../nbs/4_parallel/00_parallel.ipynb #c006
 def group_size(group=None) -> int:
@@ -278,8 +277,9 @@ def allreduce_grads(params, group=None, op: str = 'sum'):
     if W == 1: return
     for p in params:
         if p.grad is None: continue
-        dist.all_reduce(p.grad, group=group)
-        if op == 'mean': p.grad /= W
+        g = p.grad.to_local() if hasattr(p.grad, 'to_local') else p.grad     # a DTensor (TP shard): its local part
+        dist.all_reduce(g, group=group)
+        if op == 'mean': g /= W
 
 def cp_gather(x: torch.Tensor, group=None, dim: int = 1, length: int | None = None) -> torch.Tensor:
     "All-gather the zigzag shards `x` of the CP group and restore the full sequence (cut to `length`). No autograd."
@@ -316,6 +316,13 @@ def _clone(m: nn.Module | None):
     return copy.deepcopy(m, memo)
 
 # %% ../nbs/4_parallel/00_parallel.ipynb #c031
+class GroupedExperts(nn.Module):
+    "This rank's experts (`w13` [El, 2h, d], `w2` [El, d, h]) as a module of their own, so a data-parallel engine can shard them apart."
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, precision: str = 'high'):
+        super().__init__(); self.precision = precision
+        self.w13, self.w2 = nn.Parameter(w13), nn.Parameter(w2)
+    def forward(self, xs, counts): return expert_ffn(xs, self.w13, self.w2, counts, self.precision)
+
 class EPMoE(nn.Module):
     "A `composer2.model.MoE` with its experts sharded over the EP `group`; same forward signature and outputs."
     def __init__(self, moe: MoE, group=None):
@@ -328,11 +335,14 @@ class EPMoE(nn.Module):
         sl = slice(self.e0, self.e0 + self.n_local)
         self.router = _clone(moe.router)
         self.register_buffer('router_bias', moe.router_bias.detach().clone())
-        self.w13 = nn.Parameter(moe.w13.detach()[sl].clone())     # fused gate/up weights [El, 2h, d]
-        self.w2 = nn.Parameter(moe.w2.detach()[sl].clone())
+        self.experts = GroupedExperts(moe.w13.detach()[sl].clone(), moe.w2.detach()[sl].clone(), cfg.precision)
         self.shared, self.shared_gate = _clone(moe.shared), _clone(moe.shared_gate)
 
     scores = MoE.scores
+    @property
+    def w13(self): return self.experts.w13                                # fused gate/up weights [El, 2h, d]
+    @property
+    def w2(self): return self.experts.w2
 
     def forward(self, x, routes=None, valid=None):
         cfg, W, El = self.cfg, self.ep, self.n_local
@@ -348,7 +358,7 @@ class EPMoE(nn.Module):
             xe, lc = xr[o2], cin.view(W, El).sum(0)
         else:
             xe, lc = xs, counts
-        y = expert_ffn(xe, self.w13, self.w2, lc, cfg.precision)
+        y = self.experts(xe, lc)
         if W > 1: y = all_to_all(y[inv], send, recv, self.group)           # combine: outputs go home
         out = combine(y, gates, order, x)
         if self.shared is not None: out = out + shared_out(self, x, self.shared(x))
@@ -358,86 +368,6 @@ def shard_experts(model, group=None):
     "Replace every MoE layer of a `Transformer` by its `EPMoE` shard over `group`, in place; returns the model."
     for layer in model.layers:
         if layer.is_moe and not isinstance(layer.ffn, EPMoE): layer.ffn = EPMoE(layer.ffn, group)
-    return model
-
-# %% ../nbs/4_parallel/00_parallel.ipynb #c035
-class _CopyToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group): ctx.group = group; return x
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous().clone(); dist.all_reduce(g, group=ctx.group); return g, None
-
-class _ReduceFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous().clone(); dist.all_reduce(x, group=group); return x
-    @staticmethod
-    def backward(ctx, g): return g, None
-
-def copy_to_tp(x, group=None):
-    "Identity forward; all-reduce of the gradient over the TP `group` backward."
-    return x if group_size(group) == 1 else _CopyToTP.apply(x, group)
-
-def reduce_from_tp(x, group=None):
-    "All-reduce (sum) over the TP `group` forward; identity backward."
-    return x if group_size(group) == 1 else _ReduceFromTP.apply(x, group)
-
-def _rows(w, group, what):
-    W, r = group_size(group), group_rank(group)
-    if w.shape[0] % W: raise ConfigError(f"tensor parallelism: tp size {W} must divide {what} ({w.shape[0]})")
-    n = w.shape[0] // W
-    return w.detach()[r * n:(r + 1) * n].clone()
-
-class ColumnParallelLinear(nn.Module):
-    "`y_r = x @ W_r.T`: this rank's slice of the output features (input replicated over the TP group)."
-    def __init__(self, lin: nn.Linear, group=None, copy_input: bool = True):
-        super().__init__(); self.group, self.copy_input = group, copy_input
-        if lin.bias is not None: raise ValueError("ColumnParallelLinear: biases are not supported (the model has none)")
-        self.weight = nn.Parameter(_rows(lin.weight, group, 'the output features'))
-    def forward(self, x): return F.linear(copy_to_tp(x, self.group) if self.copy_input else x, self.weight)
-
-class RowParallelLinear(nn.Module):
-    "`y = sum_r x_r @ W_r.T` over the TP group: this rank holds a slice of the input features."
-    def __init__(self, lin: nn.Linear, group=None):
-        super().__init__(); self.group = group
-        if lin.bias is not None: raise ValueError("RowParallelLinear: biases are not supported (the model has none)")
-        self.weight = nn.Parameter(_rows(lin.weight.t(), group, 'the input features').t().contiguous())
-    def forward(self, x): return reduce_from_tp(F.linear(x, self.weight), self.group)
-
-class TPAttention(Attention):
-    "`composer2.model.Attention` with its heads split over the TP group (a KV cache must hold n_kv_heads/tp heads)."
-    def __init__(self, attn: Attention, group=None):
-        nn.Module.__init__(self)
-        W = group_size(group)
-        if attn.nh % W or attn.nkv % W:
-            raise ConfigError(f"tensor parallelism: tp size {W} must divide n_heads ({attn.nh}) and n_kv_heads ({attn.nkv})")
-        self.cfg, self.nh, self.nkv, self.hd, self.group = attn.cfg, attn.nh // W, attn.nkv // W, attn.hd, group
-        self.wq, self.wk, self.wv = (ColumnParallelLinear(l, group, copy_input=False) for l in (attn.wq, attn.wk, attn.wv))
-        self.wo = RowParallelLinear(attn.wo, group)
-        if attn.cfg.qkv_bias or attn.cfg.o_bias: raise ConfigError("tensor parallelism does not shard attention biases yet")
-        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm                 # per head: the same on every shard
-    def forward(self, x, *args, **kw):
-        return super().forward(copy_to_tp(x, self.group), *args, **kw)   # one gradient all-reduce for q, k and v
-
-class TPDenseFFN(nn.Module):
-    "A SwiGLU `DenseFFN` with its hidden units split over the TP group."
-    def __init__(self, ffn: DenseFFN, group=None):
-        super().__init__(); self.group = group
-        self.w1 = ColumnParallelLinear(ffn.w1, group, copy_input=False)
-        self.w3 = ColumnParallelLinear(ffn.w3, group, copy_input=False)
-        self.w2 = RowParallelLinear(ffn.w2, group)
-    def forward(self, x):
-        x = copy_to_tp(x, self.group)
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-def tp_shard_model(model, group=None):
-    "Shard a `Transformer`'s attention, dense FFNs and shared experts over the TP `group`, in place; returns the model."
-    for layer in model.layers:
-        layer.attn = TPAttention(layer.attn, group)
-        if layer.is_moe:
-            if layer.ffn.shared is not None: layer.ffn.shared = TPDenseFFN(layer.ffn.shared, group)
-        else: layer.ffn = TPDenseFFN(layer.ffn, group)
     return model
 
 # %% ../nbs/4_parallel/00_parallel.ipynb #c037

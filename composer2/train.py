@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from .config import ConfigError, check, from_dict, to_dict, write_json
 from .io import CheckpointError, read_meta, sha256_file, write_checkpoint
 from .model import ModelConfig, Transformer
+from .mesh import ParallelConfig
 from .tokenizer import copy_tokenizer_files
 
 # %% auto #0
@@ -48,6 +49,7 @@ class TrainConfig:
     log_every: int = 10
     zero_stage: int = 0             # DeepSpeed ZeRO stage (used under the deepspeed launcher)
     threads: int = 0                # torch CPU threads (0: torch default)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)   # dp/ep/tp/cp: any > 1 trains on a device mesh (torchrun)
     def __post_init__(self):
         for k in ['steps', 'batch_size', 'seq_len', 'eval_every', 'log_every']:
             check(getattr(self, k) > 0, f"{k} must be > 0, got {getattr(self, k)}")
@@ -151,8 +153,10 @@ def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
 
 # %% ../nbs/5_train/00_train.ipynb #c013
 def _dist_info():
-    ws = int(os.environ.get('WORLD_SIZE', '1'))
-    return int(os.environ.get('RANK', '0')), ws, int(os.environ.get('LOCAL_RANK', '0'))
+    local = int(os.environ.get('LOCAL_RANK', '0'))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size(), local
+    return int(os.environ.get('RANK', '0')), int(os.environ.get('WORLD_SIZE', '1')), local
 
 def autocast_ctx(cfg: TrainConfig, device: torch.device):
     use = cfg.precision == 'bf16' or (cfg.precision == 'auto' and device.type == 'cuda' and torch.cuda.is_bf16_supported())
@@ -193,16 +197,22 @@ def perplexity(model, stream: np.ndarray, seq_len: int, n_windows: int = 16, bat
     return math.exp(tot / cnt)
 
 # %% ../nbs/5_train/00_train.ipynb #c015
+def _sharded(model) -> bool:
+    "Does `model` hold DTensor parameters (FSDP2 / tensor-parallel shards, possibly on several meshes)?"
+    from torch.distributed.tensor import DTensor
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
 def _fusable(model) -> bool:
     "The fused AdamW kernel (one pass over every parameter group) exists for CPU and CUDA floating-point parameters."
-    return all(p.device.type in ('cpu', 'cuda') and p.is_floating_point() for p in model.parameters())
+    return all(p.device.type in ('cpu', 'cuda') and p.is_floating_point() for p in model.parameters()) and not _sharded(model)
 
 def make_optimizer(model, cfg: TrainConfig):
     "AdamW (no decay on embeddings and 1-D parameters) and its warmup-cosine `LambdaLR` schedule."
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and 'embed' not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and 'embed' not in n)]
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': no_decay, 'weight_decay': 0.0}],
-                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=_fusable(model))
+                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=_fusable(model),
+                            foreach=False if _sharded(model) else None)   # shards on two meshes: one tensor at a time
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
 
 def _resume(model, opt, sched, ckpt: Path, stage: str, cfg: TrainConfig, device, history: dict) -> tuple[int, dict]:
@@ -255,29 +265,71 @@ def _step(model, engine, opt, sched, batch, cfg: TrainConfig, device, accum: int
         gn = float(engine.get_global_grad_norm() or 0.0)
     return float(loss_total), gn, int(n_global), out
 
+# %% ../nbs/5_train/00_train.ipynb #c016b
+def _engine(cfg: TrainConfig, model, world: int) -> str:
+    """Which path trains: 'mesh' (`cfg.parallel` asks for a degree > 1), 'deepspeed' (a launch without it, or DeepSpeed
+    asked for: COMPOSER2_DEEPSPEED=1 or zero_stage > 0 under a launcher), else 'single'. DeepSpeed with ep/tp/cp, or
+    with a model whose experts or heads are already sharded, is refused: its engine averages every gradient."""
+    from composer2.mesh import is_parallel, validate_parallel
+    from composer2.parallel import EPMoE
+    ds_env = os.environ.get('COMPOSER2_DEEPSPEED') == '1'
+    if is_parallel(cfg.parallel) and not (ds_env or cfg.zero_stage > 0): return 'mesh'
+    if world == 1 and not ds_env: return 'single'
+    if is_parallel(cfg.parallel): validate_parallel(cfg.parallel, world, deepspeed=True)
+    if any(isinstance(m, EPMoE) for m in model.modules()) or _sharded(model):
+        raise ConfigError("the model holds expert- or tensor-parallel shards (EPMoE layers / DTensor weights), but "
+                          "DeepSpeed's ZeRO engine averages every gradient over all ranks (experts included): use the mesh "
+                          "path instead: an unsharded model, train.parallel {dp, ep, tp, cp}, zero_stage 0, torchrun")
+    return 'deepspeed'
+
+def _mesh_step(mesh, opt, sched, batch, cfg: TrainConfig, device, accum: int, aux_coef: float, loss_fn):
+    "`_step` on a `composer2.mesh.MeshModel`: this rank's share of the step's token-mean loss (+ balance loss); FSDP2 sums."
+    x, y, m = mesh.shard(batch.x, batch.y, batch.mask)
+    n_global = mesh.sum(m.sum().float()).clamp_min(1)             # tokens of the whole step (over dp·cp)
+    loss_total, out = torch.zeros((), device=device), None
+    for mb in Batch(x, y, m).split(accum):
+        with autocast_ctx(cfg, device):
+            if loss_fn is None:
+                out = mesh(mb.x); s, _ = masked_ce(out.logits, mb.y, mb.mask)
+                aux = out.aux_loss if out.aux_loss is not None else 0.0
+            else: s, _ = loss_fn(mesh.module, mb); aux = 0.0
+        (s / n_global + aux_coef * aux / accum).backward()
+        loss_total += s.detach() / n_global
+    gn = mesh.clip_grad_norm_(cfg.grad_clip)
+    opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+    return float(mesh.sum(loss_total)), gn, int(n_global), out
+
 # %% ../nbs/5_train/00_train.ipynb #c017
 def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str = 'train', eval_fn=None,
           live_dir=None, meta: dict | None = None, stop_after: int | None = None, aux_coef: float | None = None,
           loss_fn=None) -> dict:
     """Train `model` for `cfg.steps` optimizer steps, resuming from `out_dir/ckpt` when it holds an unfinished run.
     `eval_fn(model) -> dict` runs every `eval_every` steps; `stop_after` ends this call early (for resume tests);
-    `loss_fn(model, batch) -> (loss_sum, n_tokens)` replaces next-token cross-entropy. Returns the history."""
+    `loss_fn(model, batch) -> (loss_sum, n_tokens)` replaces next-token cross-entropy. Returns the history.
+    With `cfg.parallel` > 1 (under torchrun) it trains a `composer2.mesh.MeshModel` and leaves the weights in `model`."""
     rank, world, local = _dist_info()
-    use_ds = world > 1 or os.environ.get('COMPOSER2_DEEPSPEED') == '1'
+    kind = _engine(cfg, model, world); use_ds = kind == 'deepspeed'
     if cfg.threads: torch.set_num_threads(cfg.threads)
     device = torch.device(f'cuda:{local}' if torch.cuda.is_available() else 'cpu')
-    if cfg.batch_size % world: raise ConfigError(f"batch_size {cfg.batch_size} is not divisible by the world size {world}")
-    per_rank = cfg.batch_size // world
+    data_world = cfg.parallel.dp * cfg.parallel.ep if kind == 'mesh' else world     # ranks that take different sequences
+    if cfg.batch_size % data_world: raise ConfigError(f"batch_size {cfg.batch_size} is not divisible by the world size {world}")
+    per_rank = cfg.batch_size // data_world
     micro = cfg.micro_batch_size or per_rank
     if per_rank % micro: raise ConfigError(f"micro_batch_size {micro} must divide the per-rank batch {per_rank}")
     accum = per_rank // micro
     out_dir = Path(out_dir); ckpt = out_dir / 'ckpt'
     aux_coef = model.cfg.aux_loss_coef if aux_coef is None else aux_coef
     model.to(device).train()
+    mesh, data_rank = None, rank
+    if kind == 'mesh':
+        from composer2.mesh import MeshModel, validate_parallel
+        dims = validate_parallel(cfg.parallel, world, model.cfg, cfg.batch_size, cfg.seq_len)
+        if loss_fn is not None and dims.cp > 1: raise ConfigError("train.parallel.cp > 1 needs the built-in next-token loss (no loss_fn)")
+        mesh = MeshModel(model, dims, device); data_rank = mesh.coords['dp']
     torch.manual_seed(cfg.seed)
-    opt, sched = make_optimizer(model, cfg)
+    opt, sched = make_optimizer(mesh or model, cfg)
     start, history = 0, {'step': [], 'loss': [], 'lr': [], 'grad_norm': [], 'tokens': [], 'eval': []}
-    if not use_ds: start, history = _resume(model, opt, sched, ckpt, stage, cfg, device, history)
+    if kind == 'single': start, history = _resume(model, opt, sched, ckpt, stage, cfg, device, history)
     engine = None
     if use_ds: engine, opt, sched = _deepspeed(model, opt, sched, cfg, micro, accum)
     live = None
@@ -290,8 +342,9 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
     tok_start = tok_count
     t0 = time.time()
     for step in bar:
-        batch = batch_fn(step, rank, world).to(device)
-        lv, gn, n_tok, out = _step(model, engine, opt, sched, batch, cfg, device, accum, world, aux_coef, loss_fn)
+        batch = batch_fn(step, data_rank, data_world).to(device)
+        if mesh is None: lv, gn, n_tok, out = _step(model, engine, opt, sched, batch, cfg, device, accum, world, aux_coef, loss_fn)
+        else: lv, gn, n_tok, out = _mesh_step(mesh, opt, sched, batch, cfg, device, accum, aux_coef, loss_fn)
         if model.cfg.bias_update_rate > 0 and loss_fn is None and out.expert_counts is not None:
             model.update_router_biases(out.expert_counts)
         tok_count += n_tok
@@ -302,15 +355,25 @@ def train(model: Transformer, cfg: TrainConfig, batch_fn, out_dir, *, stage: str
             live.step = step + 1
             live.log_metric('train/loss', lv); live.log_metric('train/lr', sched.get_last_lr()[0])
         if (step + 1) % cfg.log_every == 0: bar.set_postfix(loss=f'{lv:.3f}')
-        if eval_fn is not None and rank == 0 and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-            ev = eval_fn(model); history['eval'].append({'step': step + 1, **ev})
+        evaluate = eval_fn is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps)
+        save = (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or step + 1 == end
+        if mesh is not None and (evaluate or save): mesh.sync_to(model)     # whole weights on every rank (collective)
+        if evaluate and (rank == 0 or mesh is not None):
+            ev = eval_fn(model) if rank == 0 else None
+            if mesh is not None: ev = _broadcast(ev)                       # every rank keeps the same history
+            history['eval'].append({'step': step + 1, **ev})
             if live is not None:
                 for k, v in ev.items(): live.log_metric(f'eval/{k}', v)
-        if rank == 0 and ((cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or step + 1 == end):
-            save_checkpoint(ckpt, model, opt if engine is None else None, sched if engine is None else None, step + 1,
+        if rank == 0 and save:
+            save_checkpoint(ckpt, model, opt if kind == 'single' else None, sched if kind == 'single' else None, step + 1,
                             {'stage': stage, 'train_config': to_dict(cfg), 'history': history, **(meta or {})})
     history['wall_s'] = time.time() - t0
     history['tokens_per_s'] = (tok_count - tok_start) / max(1e-9, history['wall_s'])
+    if mesh is not None: history['mesh'] = {'coords': mesh.coords, 'shapes': mesh.local_shapes()}   # after the last save
     if live is not None: live.end()
     if world > 1: torch.distributed.barrier()
     return history
+
+def _broadcast(obj):
+    "Rank 0's picklable `obj` on every rank."
+    box = [obj]; torch.distributed.broadcast_object_list(box, src=0); return box[0]

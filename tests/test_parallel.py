@@ -6,8 +6,9 @@ import torch.nn.functional as F
 from composer2.config import ConfigError
 from composer2.model import ModelConfig, Transformer, MoE
 from composer2.parallel import (zigzag_shard, zigzag_unshard, zigzag_positions, ring_attention, lse_merge, spawn_local,
-                                EPMoE, shard_experts, tp_shard_model, cp_forward, allreduce_grads, ParallelDims,
+                                EPMoE, shard_experts, cp_forward, allreduce_grads, ParallelDims,
                                 mesh_ranks, init_parallel, reduce_grads)
+from composer2.mesh import tp_parallelize       # tensor parallelism: torch.distributed.tensor.parallel
 
 RING_CASES = [  # (T, H, H_kv, causal): uneven lengths, GQA, MQA, a length shorter than 2W (fully padded blocks)
     (13, 4, 2, True), (13, 4, 2, False), (16, 2, 2, True), (5, 4, 1, True), (5, 4, 1, False)]
@@ -94,7 +95,7 @@ def _hybrid(rank, W):
     mesh = init_parallel(dims, cfg, device_mesh=True)
     torch.manual_seed(0); ref = Transformer(cfg)
     model = Transformer(cfg); model.load_state_dict(ref.state_dict())
-    tp_shard_model(model, mesh.tp_group); shard_experts(model, mesh.ep_group)
+    shard_experts(model, mesh.ep_group); tp_parallelize(model, mesh.device_meshes['dense']['tp'])
     ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(2))
     lref = F.cross_entropy(ref(ids).logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1)); lref.backward()
     out = cp_forward(model, ids, mesh.cp_group); out.loss.backward()
@@ -107,7 +108,7 @@ def _hybrid(rank, W):
     dm = mesh.device_meshes['dense']
     return dict(loss=abs(loss.item() - lref.item()),
                 embed=(model.embed.weight.grad - ref.embed.weight.grad).abs().max().item(),
-                wq=(a.wq.weight.grad - a_ref.wq.weight.grad[r_tp * nq:(r_tp + 1) * nq]).abs().max().item(),
+                wq=(a.wq.weight.grad.to_local() - a_ref.wq.weight.grad[r_tp * nq:(r_tp + 1) * nq]).abs().max().item(),
                 expert=(ffn.w2.grad - ffn_ref.w2.grad[r_ep * 2:(r_ep + 1) * 2]).abs().max().item(),
                 router=(ffn.router.weight.grad - ffn_ref.router.weight.grad).abs().max().item(),
                 ranks={k: mesh.ranks[k] for k in ('cp', 'tp', 'ep')},
@@ -117,14 +118,15 @@ def _tp(rank, W):
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=8, n_kv_heads=4, n_experts=4, top_k=2, d_expert=16,
                       n_dense_layers=1, d_dense=48, max_seq_len=64)
     torch.manual_seed(0); ref = Transformer(cfg)
-    model = Transformer(cfg); model.load_state_dict(ref.state_dict()); tp_shard_model(model, None)
+    from torch.distributed.device_mesh import init_device_mesh
+    model = Transformer(cfg); model.load_state_dict(ref.state_dict()); tp_parallelize(model, init_device_mesh('cpu', (W,)))
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
     lr_, lt = ref(ids).logits, model(ids).logits
     lr_.square().mean().backward(); lt.square().mean().backward()
     n = ref.layers[0].ffn.w1.weight.shape[0] // W
     return dict(logits=(lt - lr_).abs().max().item(),
                 embed=(model.embed.weight.grad - ref.embed.weight.grad).abs().max().item(),
-                w1=(model.layers[0].ffn.w1.weight.grad - ref.layers[0].ffn.w1.weight.grad[rank * n:(rank + 1) * n]).abs().max().item())
+                w1=(model.layers[0].ffn.w1.weight.grad.to_local() - ref.layers[0].ffn.w1.weight.grad[rank * n:(rank + 1) * n]).abs().max().item())
 
 def _all(rank, W):
     res = dict(ring=_ring(rank, W), ep=_ep(rank, W), tp=_tp(rank, W), saved=_saved_bytes(64, W, rank))

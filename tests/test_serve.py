@@ -191,3 +191,22 @@ def test_bench_openai_agent_and_regrade(server, validated_toy, tmp_path):
     assert f'(transcripts/{name}.md)' in (out / 'report.md').read_text()
     s = subprocess.run([sys.executable, '-m', 'composer2.cli', 'show', name, '--run', str(out)], env=env, capture_output=True, text=True)
     assert s.returncode == 0 and 'create_file' in s.stdout and 'resolved **True**' in s.stdout
+
+
+def test_compiled_engine_answers_as_the_eager_one(tiny_ckpt):
+    "`serve --compile`: the engine's compiled decode steps give the eager engine's greedy answers, requests batched together."
+    import queue
+    from composer2.serve import Engine, _Seq, load_served
+    model, tok = load_served(*tiny_ckpt, device='cpu')
+    prompts = [tok.encode(p) for p in ('say a word', 'ok fine next go', 'go')]
+    answers = {}
+    for comp in (False, True):
+        eng, q = Engine(model, tok, max_batch=4, compile=comp), queue.Queue()
+        try:
+            seqs = [_Seq(p, 24, 0.0, 1.0, None, [], True, lambda e, i=i: e[0] != 'text' and q.put((i, e))) for i, p in enumerate(prompts)]
+            for s in seqs: eng.submit(s)
+            done = dict(q.get(timeout=120) for _ in seqs)
+        finally: eng.close()
+        assert all(e[0] == 'done' and e[3] == 24 for e in done.values()), done
+        answers[comp] = [seqs[i].tokens for i in range(len(seqs))]
+    assert answers[True] == answers[False]

@@ -35,7 +35,8 @@ def provenance(started: float, **extra) -> dict:
             'torch': torch.__version__, 'platform': platform.platform(), 'cpus': os.cpu_count(), **extra}
 
 def write_metrics(name: str, metrics: dict, started: float, **extra) -> dict:
-    "Write stage `name`'s metrics and, beside them, its provenance; returns `metrics` unchanged."
+    "Write stage `name`'s metrics and, beside them, its provenance (rank 0 only under a launcher); returns `metrics` unchanged."
+    if int(os.environ.get('RANK', '0')) != 0: return metrics
     write_json(metrics_path(name), metrics)
     write_json(provenance_path(name), provenance(started, **extra))
     return metrics

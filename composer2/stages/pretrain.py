@@ -4,10 +4,11 @@
 
 # %% ../../nbs/8_stages/03_pretrain.ipynb #c003
 from __future__ import annotations
-import time
+import os, time
 from dataclasses import replace
 
 from ..config import ConfigError, load_section
+from ..mesh import is_parallel
 from ..model import ModelConfig
 from ..pretrain import PretrainConfig, run_pretrain
 from ..pretrain_cp import CPPretrainConfig, run_pretrain_cp
@@ -17,22 +18,30 @@ from . import live_dir, write_metrics
 __all__ = ['base', 'cpt', 'long_context', 'main']
 
 # %% ../../nbs/8_stages/03_pretrain.ipynb #c004
-def base(params: str = 'params.yaml') -> dict:
-    "The `base` stage: a fresh model from the `model` section, trained as the `base` section says."
+def _rank0() -> bool: return int(os.environ.get('RANK', '0')) == 0     # under torchrun only rank 0 writes metrics
+
+def base(params: str = 'params.yaml') -> dict | None:
+    "The `base` stage: a fresh model from the `model` section, trained as the `base` section says (None on ranks > 0)."
     t0 = time.time()
     cfg, mcfg = load_section(PretrainConfig, 'base', params), load_section(ModelConfig, 'model', params)
-    return write_metrics('base', run_pretrain('base', cfg, mcfg, live_dir('base')), t0)
+    m = run_pretrain('base', cfg, mcfg, live_dir('base'))
+    return write_metrics('base', m, t0) if _rank0() else None
 
-def cpt(params: str = 'params.yaml') -> dict:
-    "The `cpt` stage: continued pretraining from the `cpt.init` checkpoint."
+def cpt(params: str = 'params.yaml') -> dict | None:
+    "The `cpt` stage: continued pretraining from the `cpt.init` checkpoint (None on ranks > 0)."
     t0 = time.time()
-    return write_metrics('cpt', run_pretrain('cpt', load_section(PretrainConfig, 'cpt', params), None, live_dir('cpt')), t0)
+    m = run_pretrain('cpt', load_section(PretrainConfig, 'cpt', params), None, live_dir('cpt'))
+    return write_metrics('cpt', m, t0) if _rank0() else None
 
 def long_context(params: str = 'params.yaml', cp_size: int | None = None) -> dict | None:
     "The `long_context` stage, `cp_size` ranks per sequence (the section's, or the argument's); None on ranks > 0."
     t0 = time.time()
     cfg = load_section(CPPretrainConfig, 'long_context', params)
     if cp_size is not None: cfg = replace(cfg, cp_size=cp_size)
+    if is_parallel(cfg.train.parallel):                   # the device-mesh path (train.parallel, under torchrun)
+        if cfg.cp_size > 1: raise ConfigError("long_context: set either cp_size (DeepSpeed DP engine) or train.parallel (the mesh path: its cp), not both")
+        m = run_pretrain('long_context', cfg, None, live_dir('long_context'))
+        return write_metrics('long_context', m, t0) if _rank0() else None
     m = run_pretrain_cp('long_context', cfg, None, live_dir('long_context'))
     return None if m is None else write_metrics('long_context', m, t0)
 
