@@ -4,13 +4,16 @@
 
 # %% ../nbs/5_train/03_evaluate.ipynb #c003
 from __future__ import annotations
+import hashlib, tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from tqdm.auto import tqdm
 
 from .sft import SFTConfig, completion_loss, heldout_tasks
-from .tokenizer import Tokenizer, load_stream
+from .tokenizer import Tokenizer, load_stream, stage_stream, stage_tokenizer
 from .train import load_model, perplexity
 
 # %% auto #0
@@ -30,16 +33,28 @@ class EvalConfig:
     sft_max_len: int = 513
     max_heldout_tasks: int = 128
 
+def _heldout(cfg: EvalConfig, meta: dict, tmp: Path, cache: dict):
+    """The held-out stream and SFT tasks under a checkpoint's tokenizer: ours (`cfg.tokenizer`, `cfg.heldout`), or the
+    pretrained one it carries (an `hf:` init's), which encodes the held-out corpus split itself; once per tokenizer."""
+    t = meta.get('tokenizer')
+    key = hashlib.sha256((Path(t) / 'tokenizer.json').read_bytes()).hexdigest()[:16] if t else ''
+    if key not in cache:
+        tok = stage_tokenizer(cfg.tokenizer, meta)
+        held = stage_stream(tok, cfg.heldout, cfg.corpus_dir, tmp / key)
+        cache[key] = (np.array(held) if t else held,
+                      heldout_tasks(SFTConfig(corpus_dir=cfg.corpus_dir, max_heldout=cfg.max_heldout_tasks), tok, cfg.sft_max_len))
+    return cache[key]
+
 def evaluate_checkpoints(cfg: EvalConfig) -> dict:
-    held = load_stream(cfg.heldout)
-    tok = Tokenizer.load(cfg.tokenizer)
-    tasks = heldout_tasks(SFTConfig(corpus_dir=cfg.corpus_dir, max_heldout=cfg.max_heldout_tasks), tok, cfg.sft_max_len)
-    out = {}
-    for name, path in tqdm(cfg.checkpoints.items(), desc='eval'):
-        # a short-context checkpoint is evaluated at the long length too: its RoPE is used beyond training
-        m, meta = load_model(path, max_seq_len=max(cfg.long_len, cfg.short_len))
-        out[name] = {'ppl_heldout_short': perplexity(m, held, cfg.short_len, cfg.short_windows),
-                     'ppl_heldout_long': perplexity(m, held, cfg.long_len, cfg.long_windows),
-                     'sft_heldout_loss': completion_loss(m, tasks), 'step': meta['step'],
-                     'rope_scaling': meta['model_config']['rope_scaling']['kind']}
+    out, cache = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in tqdm(cfg.checkpoints.items(), desc='eval'):
+            # a short-context checkpoint is evaluated at the long length too: its RoPE is used beyond training
+            m, meta = load_model(path, max_seq_len=max(cfg.long_len, cfg.short_len))
+            held, tasks = _heldout(cfg, meta, Path(tmp), cache)
+            out[name] = {'ppl_heldout_short': perplexity(m, held, cfg.short_len, cfg.short_windows),
+                         'ppl_heldout_long': perplexity(m, held, cfg.long_len, cfg.long_windows),
+                         'sft_heldout_loss': completion_loss(m, tasks), 'step': meta['step'],
+                         'rope_scaling': meta['model_config']['rope_scaling']['kind'],
+                         **({'tokenizer': meta.get('tokenizer_source', meta['tokenizer'])} if meta.get('tokenizer') else {})}
     return out

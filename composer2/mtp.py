@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .config import check, from_dict, to_dict
 from .io import write_checkpoint
 from .model import Block, ModelConfig, RMSNorm, Transformer
-from .train import CheckpointError, TrainConfig, WindowSampler, load_model, lr_lambda
+from .train import CheckpointError, TrainConfig, carry_tokenizer, WindowSampler, load_model, lr_lambda
 
 # %% auto #0
 __all__ = ['MTPModule', 'MTPHeads', 'mtp_ce', 'mtp_kl', 'MTPTrainConfig', 'train_mtp', 'acceptance_stats', 'save_mtp', 'load_mtp',
@@ -184,9 +184,11 @@ def acceptance_stats(model: Transformer, mtp: MTPHeads, stream, seq_len: int = 1
 def save_mtp(path, model: Transformer, mtp: MTPHeads, meta: dict | None = None):
     "Atomically write a checkpoint holding the main model (`model.safetensors`) and the MTP heads (`mtp.safetensors`)."
     from safetensors.torch import save_model
-    def write(tmp): save_model(model, str(tmp / 'model.safetensors')); save_model(mtp, str(tmp / 'mtp.safetensors'))
+    meta, write_tok = carry_tokenizer(meta)                 # a pretrained tokenizer in meta['tokenizer'] goes in too
+    def write(tmp):
+        save_model(model, str(tmp / 'model.safetensors')); save_model(mtp, str(tmp / 'mtp.safetensors')); write_tok(tmp)
     return write_checkpoint(path, write, {'model_config': to_dict(model.cfg),
-                                          'mtp': {'depth': mtp.depth, 'moe': mtp.moe, 'model_config': to_dict(mtp.cfg)}, **(meta or {})})
+                                          'mtp': {'depth': mtp.depth, 'moe': mtp.moe, 'model_config': to_dict(mtp.cfg)}, **meta})
 
 def load_mtp(path, device='cpu') -> tuple[Transformer, MTPHeads, dict]:
     "Load (main model, MTP heads, meta) from a `save_mtp` checkpoint, verifying every file."
@@ -207,6 +209,7 @@ class MTPStageConfig:
     out_dir: str = 'data/mtp'
     train_stream: str = 'data/tokens/code_train.bin'
     eval_stream: str = 'data/tokens/heldout.bin'
+    corpus_dir: str = 'data/corpus'    # encoded with the base checkpoint's tokenizer when it carries one (hf: init)
     depth: int = 2
     moe: bool = False              # MTP blocks: dense SwiGLU (False) or MoE like the main model's layers
     train: MTPTrainConfig = field(default_factory=MTPTrainConfig)

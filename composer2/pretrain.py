@@ -13,11 +13,11 @@ import torch
 
 from .config import ConfigError, check, to_dict, write_resolved
 from .model import ModelConfig, RopeScaling, Transformer
-from .tokenizer import Tokenizer, load_stream
+from .tokenizer import PretrainedTokenizer, Tokenizer, check_vocab, load_stream, stage_stream, stage_tokenizer, tokenizer_meta
 from .train import TrainConfig, WindowSampler, load_model, perplexity, train
 
 # %% auto #0
-__all__ = ['PretrainConfig', 'build_model', 'pretrain_metrics', 'run_pretrain']
+__all__ = ['PretrainConfig', 'build_model', 'pretrain_metrics', 'stage_data', 'run_pretrain']
 
 # %% ../nbs/5_train/01_pretrain.ipynb #c004
 @dataclass
@@ -32,13 +32,14 @@ class PretrainConfig:
     val: str = 'data/tokens/code_val.bin'
     heldout: str = 'data/tokens/heldout.bin'
     tokenizer: str = 'data/tokenizer'
+    corpus_dir: str = 'data/corpus'    # the splits a pretrained model's tokenizer encodes (init hf:DIR)
     def __post_init__(self):
         check(self.context_factor >= 1, "context_factor must be >= 1")
         check(self.context_factor == 1 or self.rope_scaling != 'none', "a context_factor > 1 needs rope_scaling linear or yarn")
 
 # %% ../nbs/5_train/01_pretrain.ipynb #c005
-def build_model(stage_cfg: PretrainConfig, model_cfg: ModelConfig | None, vocab_size: int) -> tuple[Transformer, dict]:
-    "A fresh model (base) or the `init` checkpoint's model, context-extended when asked."
+def build_model(stage_cfg: PretrainConfig, model_cfg: ModelConfig | None, vocab_size: int | None = None) -> tuple[Transformer, dict]:
+    "A fresh model (base) or the `init` checkpoint's model, context-extended when asked; its vocabulary checked when given."
     if not stage_cfg.init:
         if model_cfg is None: raise ConfigError("a stage without `init` needs the `model` section")
         if model_cfg.vocab_size != vocab_size:
@@ -46,9 +47,8 @@ def build_model(stage_cfg: PretrainConfig, model_cfg: ModelConfig | None, vocab_
         torch.manual_seed(0)
         return Transformer(model_cfg), {}
     model, meta = load_model(stage_cfg.init)
-    if model.cfg.vocab_size != vocab_size:        # e.g. an `hf:` model: its own tokenizer is not wired into the stages yet
-        raise ConfigError(f"init {stage_cfg.init}: the model's vocabulary ({model.cfg.vocab_size}) differs from the tokenizer's "
-                          f"({vocab_size}){'; the model brings tokenizer ' + meta['tokenizer'] if 'hf' in meta else ''}")
+    if vocab_size is not None and model.cfg.vocab_size != vocab_size:
+        raise ConfigError(f"init {stage_cfg.init}: the model's vocabulary ({model.cfg.vocab_size}) differs from the tokenizer's ({vocab_size})")
     if stage_cfg.context_factor > 1:
         old = model.cfg.max_seq_len
         model.set_rope_scaling(RopeScaling(stage_cfg.rope_scaling, float(stage_cfg.context_factor), old),
@@ -64,18 +64,28 @@ def pretrain_metrics(tc: TrainConfig, hist: dict, model: Transformer) -> dict:
             'params_total': model.num_params(), 'params_active': model.num_params(active=True),
             'rope_scaling': to_dict(model.cfg.rope_scaling), 'eval_curve': hist['eval']}
 
+def stage_data(name: str, cfg: PretrainConfig, model_cfg: ModelConfig | None = None):
+    """A pretraining stage's model, tokenizer, (train, val, heldout) streams and checkpoint meta. Our tokenizer reads the
+    tokenizer stage's streams; a pretrained one (the init is `hf:DIR` or carries one) encodes the corpus splits of the
+    same names itself, into `out_dir/tokens`, and goes into the checkpoint (`meta['tokenizer']`)."""
+    if cfg.init:
+        model, meta = build_model(cfg, model_cfg)
+        tok = stage_tokenizer(cfg.tokenizer, meta); check_vocab(tok, model.cfg.vocab_size, f"{name}.init {cfg.init}")
+    else:
+        tok = Tokenizer.load(cfg.tokenizer); model, meta = build_model(cfg, model_cfg, tok.vocab_size)
+    if cfg.train.seq_len > model.cfg.max_seq_len:
+        raise ConfigError(f"{name}.train.seq_len ({cfg.train.seq_len}) exceeds the model context ({model.cfg.max_seq_len})")
+    streams = tuple(stage_stream(tok, p, cfg.corpus_dir, Path(cfg.out_dir) / 'tokens') for p in (cfg.data, cfg.val, cfg.heldout))
+    return model, tok, streams, {'init': cfg.init, **tokenizer_meta(tok)}
+
 def run_pretrain(name: str, cfg: PretrainConfig, model_cfg: ModelConfig | None = None, live_dir=None) -> dict:
     """Train pretraining stage `name` into `cfg.out_dir` (checkpoint and resolved config), logging curves to
     `live_dir` (none when None); returns the metrics."""
-    tok = Tokenizer.load(cfg.tokenizer)
-    model, _ = build_model(cfg, model_cfg, tok.vocab_size)
-    if cfg.train.seq_len > model.cfg.max_seq_len:
-        raise ConfigError(f"{name}.train.seq_len ({cfg.train.seq_len}) exceeds the model context ({model.cfg.max_seq_len})")
-    stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
+    model, tok, (stream, val, held), meta = stage_data(name, cfg, model_cfg)
     L = cfg.train.seq_len
     ev = lambda m: {'val_ppl': perplexity(m, val, L, cfg.train.eval_windows), 'heldout_ppl': perplexity(m, held, L, cfg.train.eval_windows)}
     out = Path(cfg.out_dir)
     write_resolved(out, **{name: cfg}, model=model.cfg)
     hist = train(model, cfg.train, WindowSampler(stream, L, cfg.train.batch_size, cfg.train.seed), out, stage=name,
-                 eval_fn=ev, live_dir=live_dir, meta={'init': cfg.init})
+                 eval_fn=ev, live_dir=live_dir, meta=meta)
     return pretrain_metrics(cfg.train, hist, model)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .config import ConfigError, check, to_dict, write_resolved
 from .parallel import (ParallelDims, ParallelMesh, free_port, init_parallel, moe_aux_hooks, ring_attention,
                                 zigzag_positions, zigzag_shard)
-from .pretrain import PretrainConfig, build_model, pretrain_metrics, run_pretrain
+from .pretrain import PretrainConfig, build_model, pretrain_metrics, run_pretrain, stage_data
 from .tokenizer import Tokenizer, load_stream
 from .train import Batch, WindowSampler, masked_ce, perplexity, train as _train
 
@@ -78,14 +78,10 @@ def _cp_pretrain(name: str, cfg: CPPretrainConfig, model_cfg=None, live_dir=None
     if tc.batch_size % dims.dp: raise ConfigError(f"{name}.train.batch_size ({tc.batch_size}) must be divisible by dp = world/cp_size = {dims.dp}")
     per_rank = tc.batch_size // dims.dp; micro = tc.micro_batch_size or per_rank
     if per_rank % micro: raise ConfigError(f"{name}.train.micro_batch_size {micro} must divide the per-replica batch {per_rank}")
-    tok = Tokenizer.load(cfg.tokenizer)
-    model, _ = build_model(cfg, model_cfg, tok.vocab_size)
-    if tc.seq_len > model.cfg.max_seq_len:
-        raise ConfigError(f"{name}.train.seq_len ({tc.seq_len}) exceeds the model context ({model.cfg.max_seq_len})")
+    model, tok, (stream, val, held), smeta = stage_data(name, cfg, model_cfg)     # (its tokenizer and streams)
     if model.cfg.bias_update_rate > 0:
         raise ConfigError(f"{name}.cp_size > 1 does not support model.bias_update_rate > 0 (aux-loss-free balancing)")
     mesh = init_parallel(dims, model.cfg)
-    stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
     L = tc.seq_len
     ev = lambda m: {'val_ppl': perplexity(m, val, L, tc.eval_windows), 'heldout_ppl': perplexity(m, held, L, tc.eval_windows)}
     out, rank = Path(cfg.out_dir), dist.get_rank()
@@ -95,7 +91,7 @@ def _cp_pretrain(name: str, cfg: CPPretrainConfig, model_cfg=None, live_dir=None
     step = CPStep(WindowSampler(stream, L, tc.batch_size, tc.seed), L, mesh, model.cfg.aux_loss_coef, per_rank // micro)
     hist = _train(model, run_cfg, step.batch_fn, out, stage=name, eval_fn=ev, live_dir=live_dir,
                   loss_fn=step.loss_fn,
-                  meta={'init': cfg.init, 'train_config': to_dict(tc),
+                  meta={**smeta, 'train_config': to_dict(tc),
                         'parallel': {'dp': dims.dp, 'cp': cp}})
     if rank != 0: return None
     return {**pretrain_metrics(tc, hist, model), 'cp_size': cp, 'dp_size': dims.dp, 'loss_curve': hist['loss']}

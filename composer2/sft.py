@@ -14,7 +14,7 @@ import torch
 from .chat import Message, encode_chat
 from .config import ConfigError, check, write_resolved
 from .data import Doc, read_docs
-from .tokenizer import Tokenizer
+from .tokenizer import PretrainedTokenizer, Tokenizer, check_vocab, stage_tokenizer, tokenizer_meta
 from .train import Batch, TrainConfig, load_model, masked_ce, train
 
 # %% auto #0
@@ -48,11 +48,13 @@ def task_messages(header: str, body: str) -> list[Message]:
 
 # %% ../nbs/5_train/02_sft.ipynb #c007
 def encode_tasks(tok: Tokenizer, pairs, max_len: int) -> list[tuple[list[int], list[int]]]:
-    "Token ids and loss masks of each task; tasks longer than `max_len` tokens are dropped."
+    "Token ids and loss masks of each task (a pretrained tokenizer: its chat template); longer than `max_len`: dropped."
     out = []
     for h, b in pairs:
-        ids, mask = encode_chat(tok, task_messages(h, b))
-        ids.append(tok.eos_id); mask.append(1)
+        if isinstance(tok, PretrainedTokenizer): ids, mask = tok.encode_chat(task_messages(h, b))
+        else:
+            ids, mask = encode_chat(tok, task_messages(h, b))
+            ids.append(tok.eos_id); mask.append(1)
         if len(ids) <= max_len: out.append((ids, mask))
     return out
 
@@ -104,8 +106,9 @@ def heldout_tasks(cfg: SFTConfig, tok: Tokenizer, max_len: int):
 def run_sft(cfg: SFTConfig, live_dir=None) -> dict:
     """Fine-tune `cfg.init` on the corpus's function tasks into `cfg.out_dir`, logging curves to `live_dir` (none
     when None); returns the metrics (the `sft` stage, `composer2.stages.sft`, writes them)."""
-    tok = Tokenizer.load(cfg.tokenizer)
-    model, _ = load_model(cfg.init)
+    model, meta = load_model(cfg.init)
+    tok = stage_tokenizer(cfg.tokenizer, meta)              # the init's own tokenizer, if it brings one
+    check_vocab(tok, model.cfg.vocab_size, f"sft.init {cfg.init}")
     L = min(cfg.train.seq_len, model.cfg.max_seq_len) + 1
     train_ex = encode_tasks(tok, function_tasks(read_docs(Path(cfg.corpus_dir) / 'code_train.jsonl'), cfg.min_body_lines, cfg.max_body_lines), L)
     held = heldout_tasks(cfg, tok, L)
@@ -115,7 +118,8 @@ def run_sft(cfg: SFTConfig, live_dir=None) -> dict:
     write_resolved(cfg.out_dir, sft=cfg)
     hist = train(model, cfg.train, SFTSampler(train_ex, cfg.train.batch_size, tok.pad_id, cfg.train.seed), cfg.out_dir,
                  stage='sft', eval_fn=lambda m: {'heldout_completion_loss': completion_loss(m, held)},
-                 live_dir=live_dir, meta={'init': cfg.init})
+                 live_dir=live_dir,
+                 meta={'init': cfg.init, **tokenizer_meta(tok)})
     metrics = {'train_examples': len(train_ex), 'heldout_examples': len(held), 'heldout_completion_loss_before': before,
                'heldout_completion_loss_after': hist['eval'][-1]['heldout_completion_loss'],
                'final_loss': hist['loss'][-1], 'first_loss': hist['loss'][0], 'tokens_per_s': hist['tokens_per_s'],

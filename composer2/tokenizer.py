@@ -4,7 +4,7 @@
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c003
 from __future__ import annotations
-import json, os
+import hashlib, json, os, shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,11 +12,14 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 
-from .chat import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS
-from .config import check
+from .chat import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, ChatFormatError, Message
+from .config import ConfigError, check
+from .data import read_docs
 
 # %% auto #0
-__all__ = ['SPLITS', 'TokenizerConfig', 'Tokenizer', 'encode_stream', 'save_stream', 'load_stream']
+__all__ = ['TOKENIZER_FILES', 'SPLITS', 'TokenizerConfig', 'Tokenizer', 'hf_message', 'copy_tokenizer_files',
+           'PretrainedTokenizer', 'load_tokenizer', 'stage_tokenizer', 'check_vocab', 'tokenizer_meta', 'stream_dtype',
+           'encode_stream', 'save_stream', 'load_stream', 'corpus_stream', 'stage_stream']
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c005
 @dataclass
@@ -82,23 +85,162 @@ class Tokenizer:
         for name, d in (('tokenizer_config.json', cfg), ('special_tokens_map.json', {**special, 'additional_special_tokens': extra})):
             tmp = out / (name + '.tmp'); tmp.write_text(json.dumps(d, indent=2, ensure_ascii=False) + '\n'); os.replace(tmp, out / name)
 
+# %% ../nbs/2_data/01_tokenizer.ipynb #c008d
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'added_tokens.json',
+                   'chat_template.jinja', 'chat_template.json', 'generation_config.json')   # (and its stop ids)
+
+def hf_message(m: Message) -> dict:
+    "One of our turns as the dict chat templates read (OpenAI style: tool calls as `{'type': 'function', 'function': ...}`)."
+    d = {'role': m.role, 'content': m.content}
+    if m.tool_calls: d['tool_calls'] = [{'type': 'function', 'function': {'name': c.name, 'arguments': c.arguments}} for c in m.tool_calls]
+    if m.summary is not None: d['summary'] = m.summary
+    return d
+
+def copy_tokenizer_files(src, dst) -> list[str]:
+    "Copy the tokenizer files of HF tokenizer directory `src` (`TOKENIZER_FILES` that exist) into `dst`; their names."
+    src, dst = Path(src), Path(dst)
+    if not (src / 'tokenizer.json').exists(): raise FileNotFoundError(f"tokenizer file {src / 'tokenizer.json'} is missing")
+    dst.mkdir(parents=True, exist_ok=True)
+    names = [n for n in TOKENIZER_FILES if (src / n).exists()]
+    for n in names:
+        if (src / n).resolve() != (dst / n).resolve(): shutil.copyfile(src / n, dst / n)
+    return names
+
+class PretrainedTokenizer(Tokenizer):
+    "A Hugging Face tokenizer directory (an `hf:` model's) behind `Tokenizer`'s interface; chat through its own template."
+    def __init__(self, path):
+        self.path = Path(path); f = self.path / 'tokenizer.json'
+        if not f.exists(): raise FileNotFoundError(f"tokenizer file {f} is missing: an hf: model directory must carry its tokenizer")
+        try: self.hf = HFTokenizer.from_file(str(f))
+        except Exception as e: raise ValueError(f"tokenizer file {f} is unreadable or corrupt: {e}") from None
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+        try: self.auto = AutoTokenizer.from_pretrained(str(self.path))
+        except Exception:                   # e.g. a checkpoint carrying the files, without the model's config.json
+            try: self.auto = PreTrainedTokenizerFast.from_pretrained(str(self.path))
+            except Exception as e: raise ValueError(f"{self.path}: transformers cannot load this tokenizer directory: {e}") from None
+        probe = 'def f(x):\n    return "héllo ✓" + x  # 1\n\n'
+        if self.auto(probe, add_special_tokens=False)['input_ids'] != self.encode(probe):
+            raise ValueError(f"{self.path}: transformers ({type(self.auto).__name__}) and tokenizer.json encode text differently")
+        if self.auto.eos_token is None: raise ValueError(f"{self.path}: the tokenizer names no eos_token (tokenizer_config.json)")
+        self._eos = self.token_id(self.auto.eos_token)
+        self._pad = self.token_id(self.auto.pad_token) if self.auto.pad_token is not None else self._eos
+        self._bos = self.token_id(self.auto.bos_token) if self.auto.bos_token is not None else None
+    @property
+    def eos_id(self) -> int: return self._eos
+    @property
+    def pad_id(self) -> int: return self._pad
+    @property
+    def bos_id(self) -> int | None: return self._bos
+    def save_hf(self, out_dir):
+        "Copy the directory's tokenizer files into `out_dir`."
+        copy_tokenizer_files(self.path, out_dir)
+    def render_chat(self, messages, add_generation_prompt: bool = False) -> str:
+        "`messages` (`Message`s or dicts) rendered by the model's own chat template."
+        if not self.auto.chat_template:
+            raise ChatFormatError(f"{self.path}: the tokenizer has no chat template (tokenizer_config.json chat_template or "
+                                  "chat_template.jinja), and this stage renders conversations")
+        dicts = [m if isinstance(m, dict) else hf_message(m) for m in messages]
+        try: return self.auto.apply_chat_template(dicts, tokenize=False, add_generation_prompt=add_generation_prompt)
+        except Exception as e: raise ChatFormatError(f"{self.path}: the chat template fails on {len(dicts)} turns: {e}") from None
+    def encode_chat(self, messages, train_roles=('assistant',)) -> tuple[list[int], list[int]]:
+        """The ids of `render_chat(messages)` (those of `apply_chat_template(..., tokenize=True)`) and a 0/1 mask, 1 on the
+        text of the turns whose role is in `train_roles`: an assistant turn from after its generation prompt to its end."""
+        full, spans = self.render_chat(messages), []
+        for i, m in enumerate(messages):
+            if m.role not in train_roles: continue
+            a = self.render_chat(messages[:i], add_generation_prompt=m.role == 'assistant') if i or m.role == 'assistant' else ''
+            b = self.render_chat(messages[:i + 1])
+            if not (full.startswith(b) and b.startswith(a)):
+                raise ChatFormatError(f"{self.path}: the chat template does not render turn {i} as an extension of the turns "
+                                      "before it, so its loss mask cannot be found")
+            spans.append((len(a), len(b)))
+        enc = self.hf.encode(full, add_special_tokens=False)
+        return enc.ids, [int(any(a <= s < b for a, b in spans)) for s, _ in enc.offsets]
+
+# %% ../nbs/2_data/01_tokenizer.ipynb #c008d2
+def load_tokenizer(path) -> Tokenizer:
+    "The project's tokenizer, or a `PretrainedTokenizer` when the directory is not one of ours (no reserved specials)."
+    p = Path(path)
+    try: return Tokenizer.load(p)
+    except ValueError as e:
+        if 'does not reserve' not in str(e): raise
+    return PretrainedTokenizer(p if p.is_dir() else p.parent)
+def stage_tokenizer(default, meta: dict | None = None) -> Tokenizer:
+    "A stage's tokenizer: the one its init brings (`meta['tokenizer']` from `train.load_model`), else ours at `default`."
+    t = (meta or {}).get('tokenizer')
+    return PretrainedTokenizer(t) if t else Tokenizer.load(default)
+
+def check_vocab(tok: Tokenizer, vocab_size: int, where: str):
+    "The model's vocabulary must cover the tokenizer's: equal for ours; a HF model's embedding may be padded past its tokenizer."
+    pre = isinstance(tok, PretrainedTokenizer)
+    if not (tok.vocab_size <= vocab_size if pre else tok.vocab_size == vocab_size):
+        raise ConfigError(f"{where}: the model's vocabulary ({vocab_size}) differs from the tokenizer's ({tok.vocab_size}"
+                          f"{', ' + str(tok.path) if pre else ''})")
+
+def tokenizer_meta(tok: Tokenizer) -> dict:
+    "What a stage adds to its checkpoint's meta so the checkpoint carries `tok`: `{'tokenizer': DIR}` for a pretrained one."
+    return {'tokenizer': str(tok.path)} if isinstance(tok, PretrainedTokenizer) else {}
+
 # %% ../nbs/2_data/01_tokenizer.ipynb #c010
 SPLITS = ['general', 'code_train', 'code_val', 'heldout']
 
-def encode_stream(tok: Tokenizer, texts: list[str], batch: int = 256) -> np.ndarray:
-    "Concatenate the encodings of `texts`, each followed by `<|eos|>`, as uint16."
-    out = []
-    for i in tqdm(range(0, len(texts), batch), desc='encode', leave=False):
-        for ids in tok.encode_batch(texts[i:i + batch]): out.append(np.asarray(ids + [tok.eos_id], dtype=np.uint16))
-    return np.concatenate(out) if out else np.zeros(0, np.uint16)
+def stream_dtype(vocab_size: int) -> np.dtype:
+    "uint16 while every id fits (the project's tokenizer always does), else uint32 (e.g. a 150k-token HF vocabulary)."
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
-def save_stream(path, arr: np.ndarray):
+def encode_stream(tok: Tokenizer, texts: list[str], batch: int = 256) -> np.ndarray:
+    "Concatenate the encodings of `texts`, each followed by the tokenizer's eos, as `stream_dtype(tok.vocab_size)`."
+    dt, out = stream_dtype(tok.vocab_size), []
+    for i in tqdm(range(0, len(texts), batch), desc='encode', leave=False):
+        for ids in tok.encode_batch(texts[i:i + batch]): out.append(np.asarray(ids + [tok.eos_id], dtype=dt))
+    return np.concatenate(out) if out else np.zeros(0, dt)
+
+def _sidecar(path: Path) -> Path: return path.with_name(path.name + '.json')
+
+def save_stream(path, arr: np.ndarray, info: dict | None = None):
+    """Write a raw token stream: uint16 (the default run's files, nothing beside them) unless `arr` is uint32; a uint32
+    stream, or one with `info`, gets a `PATH.json` sidecar naming its dtype (and `info`)."""
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + '.tmp'); arr.astype(np.uint16).tofile(tmp); os.replace(tmp, path)
+    dt = np.dtype(np.uint32 if arr.dtype == np.uint32 else np.uint16)
+    side, tmp = _sidecar(path), path.with_name(f'{path.name}.tmp{os.getpid()}')   # ranks may race
+    if dt != np.uint16 or info:
+        tmp.write_text(json.dumps({'dtype': dt.name, **(info or {})}, indent=2) + '\n'); os.replace(tmp, side)
+    elif side.exists(): side.unlink()
+    arr.astype(dt).tofile(tmp); os.replace(tmp, path)
 
 def load_stream(path) -> np.ndarray:
-    "Memory-map a token stream, with a clear error when it is missing or not a whole number of uint16 tokens."
-    path = Path(path)
+    "Memory-map a token stream (uint16, or the dtype its sidecar names), with a clear error when it is missing or truncated."
+    path = Path(path); side = _sidecar(path)
     if not path.exists(): raise FileNotFoundError(f"token stream {path} is missing: run the tokenizer stage")
-    if path.stat().st_size % 2: raise ValueError(f"token stream {path} is truncated (odd byte count)")
-    return np.memmap(path, dtype=np.uint16, mode='r')
+    dt = np.dtype(np.uint16)
+    if side.exists():
+        try: dt = np.dtype(json.loads(side.read_text())['dtype'])
+        except (ValueError, KeyError, TypeError) as e: raise ValueError(f"token stream sidecar {side} is unreadable: {e}") from None
+        if dt not in (np.uint16, np.uint32): raise ValueError(f"token stream sidecar {side}: dtype {dt.name} (uint16 or uint32)")
+    if path.stat().st_size % dt.itemsize:
+        raise ValueError(f"token stream {path} is truncated ({'odd byte count' if dt.itemsize == 2 else 'not a whole number of uint32'})")
+    return np.memmap(path, dtype=dt, mode='r')
+
+# %% ../nbs/2_data/01_tokenizer.ipynb #c011c
+def _sha(p: Path) -> str: return hashlib.sha256(p.read_bytes()).hexdigest()
+
+def corpus_stream(tok: Tokenizer, corpus, out) -> np.ndarray:
+    "The token stream of corpus split `corpus` (a `.jsonl` of documents) under `tok`, encoded into `out` unless it is there."
+    corpus, out = Path(corpus), Path(out)
+    tj = getattr(tok, 'path', None)
+    info = {'corpus_sha256': _sha(corpus) if corpus.exists() else None, 'vocab_size': tok.vocab_size,
+            'tokenizer_sha256': hashlib.sha256(tok.hf.to_str().encode()).hexdigest(), 'tokenizer': str(tj) if tj else None}
+    side = _sidecar(out)
+    if out.exists() and side.exists():
+        try: old = json.loads(side.read_text())
+        except ValueError: old = {}
+        if {k: old.get(k) for k in info} == info: return load_stream(out)
+    save_stream(out, encode_stream(tok, [d.text for d in read_docs(corpus)]), info)
+    return load_stream(out)
+
+def stage_stream(tok: Tokenizer, path, corpus_dir, cache_dir) -> np.ndarray:
+    """The stream a stage reads for `path` (`data/tokens/<split>.bin`): that file for our tokenizer; for a pretrained
+    one, corpus split `corpus_dir/<split>.jsonl` encoded with it into `cache_dir/<split>.bin` (`corpus_stream`)."""
+    if not isinstance(tok, PretrainedTokenizer): return load_stream(path)
+    split = Path(path).stem
+    return corpus_stream(tok, Path(corpus_dir) / f'{split}.jsonl', Path(cache_dir) / f'{split}.bin')

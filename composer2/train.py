@@ -18,10 +18,11 @@ from .config import ConfigError, check, from_dict, to_dict, write_json
 from .io import CheckpointError, read_meta, sha256_file, write_checkpoint
 from .model import ModelConfig, Transformer
 from .mesh import ParallelConfig
+from .tokenizer import copy_tokenizer_files
 
 # %% auto #0
-__all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'model_state', 'load_weights', 'save_checkpoint', 'load_model',
-           'autocast_ctx', 'masked_ce', 'perplexity', 'make_optimizer', 'train']
+__all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'model_state', 'load_weights', 'carry_tokenizer',
+           'save_checkpoint', 'load_model', 'autocast_ctx', 'masked_ce', 'perplexity', 'make_optimizer', 'train']
 
 # %% ../nbs/5_train/00_train.ipynb #c005
 @dataclass
@@ -113,24 +114,36 @@ def load_weights(model, path, device='cpu'):
         raise CheckpointError(f"weights {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if tied: model.head.weight = model.embed.weight
 
+def carry_tokenizer(meta: dict | None) -> tuple[dict, Callable]:
+    """Split a pretrained tokenizer's directory off `meta['tokenizer']`: (the meta to record, `write(tmp)` copying its
+    files). `tokenizer_source` names where it came from first (the `hf:` directory, through a chain of checkpoints)."""
+    meta = dict(meta or {}); tok = meta.pop('tokenizer', None)
+    if tok is None: return meta, lambda tmp: None
+    up = Path(tok) / 'meta.json'
+    origin = json.loads(up.read_text()).get('tokenizer_source', str(tok)) if up.exists() else str(tok)
+    return {**meta, 'tokenizer': '.', 'tokenizer_source': origin}, lambda tmp: copy_tokenizer_files(tok, tmp)
+
 def save_checkpoint(path, model: Transformer, optimizer=None, scheduler=None, step: int = 0, meta: dict | None = None,
                     extra: Callable | None = None):
     """Atomically write a checkpoint directory (through `composer2.io.write_checkpoint`, the one checkpoint writer).
-    `extra(tmp) -> dict` writes more into the directory (a mesh's sharded state) and returns entries for the meta."""
+    `meta['tokenizer']`, a pretrained tokenizer's directory, is copied in (see above); `extra(tmp) -> dict` writes more
+    into the directory (a mesh's sharded state) and returns entries for the meta."""
     from safetensors.torch import save_file
-    meta = {'step': step, 'model_config': to_dict(model.cfg), **(meta or {})}
+    meta, write_tok = carry_tokenizer(meta)
+    meta = {'step': step, 'model_config': to_dict(model.cfg), **meta}
     def write(tmp):
         save_file(model_state(model), str(tmp / 'model.safetensors'))
         if optimizer is not None:
             torch.save({'optimizer': optimizer.state_dict(), 'scheduler': scheduler.state_dict() if scheduler else None},
                        tmp / 'optimizer.pt')
+        write_tok(tmp)
         if extra is not None: meta.update(extra(tmp))
     return write_checkpoint(path, write, meta)
 
 def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
     """Rebuild the model of a checkpoint (config from its meta, weights verified); `overrides` change config keys.
     `hf:DIR` imports a Hugging Face Qwen2-MoE / Qwen3-MoE directory (`composer2.hf.import_hf`); its meta names DIR
-    as the model's tokenizer (`meta['tokenizer']`)."""
+    as the model's tokenizer (`meta['tokenizer']`), as it names a checkpoint that carries a tokenizer."""
     if str(path).startswith('hf:'):
         from composer2.hf import import_hf
         model = import_hf(str(path)[3:], **overrides)
@@ -139,6 +152,7 @@ def load_model(path, device='cpu', **overrides) -> tuple[Transformer, dict]:
     mc = dict(meta['model_config']); mc.update(overrides)
     model = Transformer(from_dict(ModelConfig, mc, 'model_config'))
     load_weights(model, Path(path) / 'model.safetensors', device)
+    if meta.get('tokenizer') is not None: meta['tokenizer'] = str(Path(path) / meta['tokenizer'])
     return model.to(device), meta
 
 # %% ../nbs/5_train/00_train.ipynb #c013

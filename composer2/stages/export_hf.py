@@ -4,13 +4,13 @@
 
 # %% ../../nbs/8_stages/13_export_hf.ipynb #x003
 from __future__ import annotations
-import time
+import json, time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, check, load_section, write_resolved
 from ..hf import export_hf, hf_arch
-from ..tokenizer import Tokenizer, load_stream
+from ..tokenizer import PretrainedTokenizer, Tokenizer, load_stream, stage_stream
 from ..train import load_model, perplexity
 from . import write_metrics
 
@@ -21,9 +21,15 @@ __all__ = ['export_checkpoint', 'ExportHFConfig', 'hf_perplexity', 'run']
 def export_checkpoint(ckpt, out, tokenizer: str | None = None) -> Path:
     "`composer2 export-hf CKPT OUT`: checkpoint `ckpt` (and its MTP heads, if any) as a HF directory `out`, with `tokenizer`."
     model, meta = load_model(ckpt)
-    tok = Tokenizer.load(tokenizer) if tokenizer else None
     mtp = Path(ckpt) / 'mtp.safetensors'
-    return export_hf(model, out, tok, mtp if mtp.exists() and 'mtp' in meta else None, meta.get('mtp'))
+    mtp = (mtp if mtp.exists() and 'mtp' in meta else None, meta.get('mtp'))
+    if not meta.get('tokenizer'): return export_hf(model, out, Tokenizer.load(tokenizer) if tokenizer else None, *mtp)
+    tok = PretrainedTokenizer(meta['tokenizer'])              # the pretrained tokenizer the checkpoint carries
+    d = export_hf(model, out, None, *mtp); tok.save_hf(d)
+    ids = dict(bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    c = json.loads((d / 'config.json').read_text()); (d / 'config.json').write_text(json.dumps({**c, **ids}, indent=2) + '\n')
+    if not (d / 'generation_config.json').exists(): (d / 'generation_config.json').write_text(json.dumps(ids, indent=2) + '\n')
+    return d
 
 @dataclass
 class ExportHFConfig:
@@ -31,6 +37,7 @@ class ExportHFConfig:
     out_dir: str = 'data/hf'
     tokenizer: str = 'data/tokenizer'
     heldout: str = 'data/tokens/heldout.bin'
+    corpus_dir: str = 'data/corpus'     # its heldout split, for checkpoints that carry a pretrained tokenizer
     seq_len: int = 128          # capped at each model's context
     windows: int = 16
     def __post_init__(self): check(self.seq_len > 0 and self.windows > 0, "export_hf.seq_len and windows must be > 0")
@@ -46,12 +53,13 @@ def run(params: str = 'params.yaml') -> dict:
     "The `export_hf` stage: export each checkpoint, score it in ours and in transformers; returns the metrics."
     t0 = time.time()
     cfg = load_section(ExportHFConfig, 'export_hf', params, required=False)
-    held = load_stream(cfg.heldout)
     res = {}
     for name, ck in cfg.checkpoints.items():
         if not (Path(ck) / 'meta.json').exists(): raise ConfigError(f"export_hf.checkpoints.{name}: no checkpoint at {ck}")
         d = export_checkpoint(ck, Path(cfg.out_dir) / name, cfg.tokenizer)
-        model, _ = load_model(ck)
+        model, meta = load_model(ck)
+        tok = PretrainedTokenizer(meta['tokenizer']) if meta.get('tokenizer') else None
+        held = stage_stream(tok, cfg.heldout, cfg.corpus_dir, Path(cfg.out_dir) / 'tokens')
         L = min(cfg.seq_len, model.cfg.max_seq_len)
         ours, theirs = perplexity(model.eval(), held, L, cfg.windows), hf_perplexity(d, held, L, cfg.windows)
         res[name] = {'arch': hf_arch(model.cfg), 'seq_len': L, 'heldout_ppl': ours,

@@ -14,7 +14,7 @@ from ..config import ConfigError, load_section, write_resolved
 from ..mtp import MTPHeads, MTPStageConfig, acceptance_stats, save_mtp, train_mtp
 from ..speculative import decode_comparison, speculative_generate
 from . import live_dir, write_metrics
-from ..tokenizer import load_stream
+from ..tokenizer import PretrainedTokenizer, load_stream, stage_stream, tokenizer_meta
 from ..train import WindowSampler, load_model, perplexity
 
 # %% auto #0
@@ -124,8 +124,9 @@ def run(params: str = 'params.yaml') -> dict:
     if not (Path(cfg.base_ckpt) / 'meta.json').exists():
         raise ConfigError(f"mtp.base_ckpt {Path(cfg.base_ckpt)} is not a checkpoint: run the long_context stage first")
     base, base_meta = load_model(Path(cfg.base_ckpt), dev); base.eval()
-    train_s, eval_s = load_stream(Path(cfg.train_stream)), load_stream(Path(cfg.eval_stream))
     tc, out_dir = cfg.train, Path(cfg.out_dir)
+    tok = PretrainedTokenizer(base_meta['tokenizer']) if base_meta.get('tokenizer') else None   # (from an hf: init)
+    train_s, eval_s = (stage_stream(tok, p, cfg.corpus_dir, out_dir / 'tokens') for p in (cfg.train_stream, cfg.eval_stream))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_resolved(out_dir, mtp=cfg)
     variants, hist, curves = train_variants(cfg, base, train_s, eval_s, dev, live_dir('mtp'))
@@ -134,7 +135,8 @@ def run(params: str = 'params.yaml') -> dict:
     dec, samp = decode_stats(variants, prompts, cfg, dev)
     sd, jm = variants['self_distill'][1], variants['joint'][0]
     by_k = throughput(base, sd, prompts, cfg)
-    save_mtp(out_dir / 'ckpt', base, sd, {'stage': 'mtp', 'base_ckpt': str(cfg.base_ckpt), 'history': hist['self_distill']})
+    save_mtp(out_dir / 'ckpt', base, sd, {'stage': 'mtp', 'base_ckpt': str(cfg.base_ckpt), 'history': hist['self_distill'],
+                                                  **tokenizer_meta(tok)})
     metrics = {
         **mtp_metrics(cfg, tf, dec, samp, by_k, len(prompts)),
         'acceptance_curve': curves,

@@ -1,0 +1,231 @@
+"""Training stages from `init: hf:DIR` use that model's own tokenizer (composer2.tokenizer.PretrainedTokenizer), against
+transformers' AutoTokenizer as the reference: a random tiny Qwen3-MoE (built by transformers from a config) with a
+byte-level BPE whose vocabulary passes 16 bits (built here with `tokenizers`; nothing is downloaded) goes through the
+real `cpt` and `sft` stage functions; the default (our tokenizer) path is checked unchanged."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip('transformers')
+from tokenizers import Tokenizer as HFTok, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from composer2.chat import ChatFormatError, Message
+from composer2.data import Doc, write_docs
+from composer2.tokenizer import (PretrainedTokenizer, Tokenizer, encode_stream, hf_message, load_stream, load_tokenizer,
+                                 save_stream)
+
+N_BASE, SPECIALS = 70000, ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+WORDS = ['def', 'return', 'self', 'Ġ=', 'ĠĠĠĠ', '"""', 'Ġx', 'ĠĠ', 'in', 'Ġin', 'for', 'Ġfor']
+
+def _tokenizer_files(d: Path, template=CHATML):
+    "A byte-level BPE of 70003 ids: bytes 0..255, fillers, merges at ids >= 65536, ChatML specials at 70000..70002."
+    alpha = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alpha)}
+    merges = []
+    for w in WORDS:                          # left-to-right merges: d+e -> de, de+f -> def; results get ids >= 65536
+        for k in range(2, len(w) + 1):
+            if w[:k] not in vocab:
+                merges.append((w[:k - 1], w[k - 1])); vocab[w[:k]] = 65536 + len(merges)
+    used = set(vocab.values())
+    free = iter(i for i in range(N_BASE) if i not in used)
+    for j in range(N_BASE - len(vocab)): vocab[f'<unused{j}>'] = next(free)
+    bpe = HFTok(models.BPE(vocab=vocab, merges=merges))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.add_special_tokens(SPECIALS)
+    d.mkdir(parents=True, exist_ok=True); bpe.save(str(d / 'tokenizer.json'))
+    cfg = {'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '<|im_end|>', 'pad_token': '<|endoftext|>',
+           'bos_token': None, 'add_bos_token': False}
+    if template: cfg['chat_template'] = template
+    (d / 'tokenizer_config.json').write_text(json.dumps(cfg))
+    return bpe
+
+def _hf_model_dir(d: Path, template=CHATML) -> Path:
+    "A random Qwen3-MoE (q/k norms, untied, head_dim != hidden/heads) whose embedding is padded past the tokenizer."
+    torch.manual_seed(0)
+    c = Qwen3MoeConfig(vocab_size=70016, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=12, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                       norm_topk_prob=True, mlp_only_layers=[], max_position_embeddings=512, tie_word_embeddings=False)
+    Qwen3MoeForCausalLM(c).save_pretrained(d)
+    _tokenizer_files(d, template)
+    return d
+
+FUNCS = ['''def add{i}(x, y):
+    """Add x and y, {i} times."""
+    z = x + y
+    for _ in range({i}):
+        z = z + x
+    return z
+''', '''class C{i}:
+    def get(self, x):
+        """Return x from self."""
+        y = self.v{i}
+        return x if x in y else y
+''']
+
+def _corpus(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for split, n in (('code_train', 12), ('code_val', 4), ('heldout', 4)):
+        write_docs(d / f'{split}.jsonl', [Doc(f'm{i}.py', 's', ''.join(f.format(i=i) for f in FUNCS) + '# é ✓\n', f'm{i}')
+                                          for i in range(n)])
+    return d
+
+def _params(path: Path, **sections):
+    import yaml
+    path.write_text(yaml.safe_dump(sections))
+    return str(path)
+
+TRAIN = dict(steps=2, batch_size=2, seq_len=32, warmup_steps=0, eval_every=2, eval_windows=2, log_every=1, lr=1e-3)
+
+@pytest.fixture
+def hfdir(tmp_path):
+    return _hf_model_dir(tmp_path / 'hfmodel')
+
+def test_pretrained_tokenizer_matches_transformers(hfdir):
+    tok, ref = load_tokenizer(hfdir), AutoTokenizer.from_pretrained(str(hfdir))
+    assert isinstance(tok, PretrainedTokenizer) and tok.vocab_size == 70003 == len(ref)
+    assert (tok.eos_id, tok.pad_id, tok.bos_id) == (70002, 70000, None) == (ref.eos_token_id, ref.pad_token_id, ref.bos_token_id)
+    text = 'def f(self):\n    """Doc."""\n    return self.x in y é ✓\n'
+    ids = tok.encode(text)
+    assert ids == ref(text, add_special_tokens=False)['input_ids'] and max(ids) > 65535 and tok.decode(ids) == text
+    arr = encode_stream(tok, [text, 'x = 1'])
+    assert arr.dtype == np.uint32 and arr.tolist() == ids + [70002] + ref('x = 1', add_special_tokens=False)['input_ids'] + [70002]
+    msgs = [Message('system', 'Be brief.'), Message('user', 'Complete:\ndef f():'), Message('assistant', '    return 1\n')]
+    dicts = [hf_message(m) for m in msgs]
+    assert tok.render_chat(msgs) == ref.apply_chat_template(dicts, tokenize=False)
+    ids, mask = tok.encode_chat(msgs)
+    assert ids == list(ref.apply_chat_template(dicts, tokenize=True, return_dict=False))
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == '    return 1\n<|im_end|>\n'
+
+def test_tokenizer_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r'tokenizer\.json is missing'): PretrainedTokenizer(tmp_path)
+    (tmp_path / 'tokenizer.json').write_text('{"not": "a tokenizer"')
+    with pytest.raises(ValueError, match=r'tokenizer\.json is unreadable or corrupt'): PretrainedTokenizer(tmp_path)
+    _tokenizer_files(tmp_path / 'nt', template=None)
+    tok = PretrainedTokenizer(tmp_path / 'nt')
+    with pytest.raises(ChatFormatError, match='has no chat template'): tok.encode_chat([Message('user', 'hi')])
+    bad = tmp_path / 'bad.bin'; bad.write_bytes(b'\0' * 6); (tmp_path / 'bad.bin.json').write_text('{"dtype": "uint32"}')
+    with pytest.raises(ValueError, match='truncated'): load_stream(bad)
+
+@pytest.fixture(scope='module')
+def chain(tmp_path_factory):
+    "The real `cpt` stage from hf:DIR, then `sft` from its checkpoint, in a workspace; the windows cpt's trainer got."
+    import composer2.pretrain as P
+    from composer2.stages import pretrain as stage_pretrain, sft as stage_sft
+    ws = tmp_path_factory.mktemp('ws')
+    hfdir, corpus = _hf_model_dir(ws / 'hfmodel'), _corpus(ws / 'corpus')
+    fed, real_train = [], P.train
+    def spy(model, cfg, batch_fn, *a, **k):                   # the windows the trainer gets, step by step
+        fed.extend(batch_fn(s).x for s in range(cfg.steps))
+        return real_train(model, cfg, batch_fn, *a, **k)
+    params = _params(ws / 'params.yaml',
+                     cpt=dict(init=f'hf:{hfdir}', out_dir='cpt', corpus_dir=str(corpus), tokenizer='no/such/tokenizer', train=TRAIN),
+                     sft=dict(init='cpt/ckpt', out_dir='sft', corpus_dir=str(corpus), tokenizer='no/such/tokenizer',
+                              train={**TRAIN, 'seq_len': 256}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ws); mp.setattr(P, 'train', spy)
+        m, sm = stage_pretrain.cpt(params), stage_sft.run(params)
+    return dict(ws=ws, hfdir=hfdir, corpus=corpus, fed=fed, cpt=m, sft=sm, ref=AutoTokenizer.from_pretrained(str(hfdir)))
+
+def test_cpt_from_hf_init_feeds_the_models_own_tokens(chain):
+    from composer2.data import read_docs
+    from composer2.train import load_model
+    ws, ref, hfdir = chain['ws'], chain['ref'], chain['hfdir']
+    assert np.isfinite(chain['cpt']['final_loss']) and chain['cpt']['steps'] == 2
+    # the streams: the corpus split encoded by the HF tokenizer (transformers' ids), documents ended by its eos, uint32
+    want = [i for d in read_docs(chain['corpus'] / 'code_train.jsonl')
+            for i in ref(d.text, add_special_tokens=False)['input_ids'] + [ref.eos_token_id]]
+    stream = load_stream(ws / 'cpt/tokens/code_train.bin')
+    assert stream.dtype == np.uint32 and stream.tolist() == want and max(want) > 65535
+    assert json.loads((ws / 'cpt/tokens/code_train.bin.json').read_text())['dtype'] == 'uint32'
+    s = np.asarray(want)
+    for x in torch.cat(chain['fed']):                         # every window fed is a slice of that stream
+        w = x.numpy()
+        assert any((s[o:o + len(w)] == w).all() for o in np.flatnonzero(s == w[0]))
+    # the checkpoint carries the tokenizer: the same files, named in its meta, and load_model hands it on
+    ck = ws / 'cpt/ckpt'
+    assert (ck / 'tokenizer.json').read_bytes() == (hfdir / 'tokenizer.json').read_bytes()
+    assert json.loads((ck / 'meta.json').read_text())['tokenizer'] == '.'
+    _, meta = load_model(ck)
+    assert Path(meta['tokenizer']) == ck and isinstance(load_tokenizer(meta['tokenizer']), PretrainedTokenizer)
+
+def test_sft_from_that_checkpoint_renders_the_models_chat_template(chain):
+    from composer2.data import read_docs
+    from composer2.sft import encode_tasks, function_tasks, task_messages
+    ws, ref = chain['ws'], chain['ref']
+    assert np.isfinite(chain['sft']['heldout_completion_loss_after']) and chain['sft']['train_examples'] > 0
+    tok = load_tokenizer(ws / 'sft/ckpt')
+    assert isinstance(tok, PretrainedTokenizer) and (ws / 'sft/ckpt/tokenizer_config.json').exists()
+    pairs = function_tasks(read_docs(chain['corpus'] / 'code_train.jsonl'))
+    (ids, mask), = encode_tasks(tok, pairs[:1], 10 ** 6)
+    dicts = [hf_message(x) for x in task_messages(*pairs[0])]
+    assert ids == list(ref.apply_chat_template(dicts, tokenize=True, return_dict=False))
+    assert tok.decode([i for i, k in zip(ids, mask) if k]) == pairs[0][1] + '<|im_end|>\n'
+
+def test_eval_and_export_use_the_carried_tokenizer(chain, monkeypatch):
+    from composer2.evaluate import EvalConfig, evaluate_checkpoints
+    from composer2.stages.export_hf import run as export_run
+    from composer2.train import load_model, perplexity
+    ws, ref = chain['ws'], chain['ref']
+    monkeypatch.chdir(ws)
+    ev = evaluate_checkpoints(EvalConfig(checkpoints={'cpt': 'cpt/ckpt', 'sft': 'sft/ckpt'}, tokenizer='no/such', heldout='no/such/heldout.bin',
+                                         corpus_dir=str(chain['corpus']), short_len=16, long_len=32, short_windows=2, long_windows=2,
+                                         sft_max_len=257, max_heldout_tasks=2))
+    held = load_stream(ws / 'cpt/tokens/heldout.bin')
+    m, _ = load_model('sft/ckpt', max_seq_len=512)
+    assert ev['sft']['ppl_heldout_short'] == pytest.approx(perplexity(m, held, 16, 2), rel=1e-6)
+    assert ev['sft']['tokenizer'] == str(chain['hfdir']) and np.isfinite(ev['cpt']['sft_heldout_loss'])
+    _params(ws / 'export.yaml', export_hf=dict(checkpoints={'sft': 'sft/ckpt'}, tokenizer='no/such', heldout='no/such/heldout.bin',
+                                               corpus_dir=str(chain['corpus']), seq_len=16, windows=2))
+    r = export_run('export.yaml')['sft']
+    assert r['rel_diff'] < 1e-5 and r['arch'] == 'qwen3_moe', r
+    out = AutoTokenizer.from_pretrained(str(ws / 'data/hf/sft'))
+    assert out.get_vocab() == ref.get_vocab() and out.chat_template == ref.chat_template
+    assert json.loads((ws / 'data/hf/sft/config.json').read_text())['eos_token_id'] == ref.eos_token_id
+
+def test_save_mtp_carries_the_tokenizer(chain, tmp_path):
+    from composer2.mtp import MTPHeads, load_mtp, save_mtp
+    from composer2.train import load_model
+    m, meta = load_model(chain['ws'] / 'sft/ckpt')
+    save_mtp(tmp_path / 'mtp', m, MTPHeads(m.cfg, depth=1), {'stage': 'mtp', 'tokenizer': meta['tokenizer']})
+    _, _, mm = load_mtp(tmp_path / 'mtp')
+    assert isinstance(load_tokenizer(mm['tokenizer']), PretrainedTokenizer) and Path(mm['tokenizer']) == tmp_path / 'mtp'
+
+def test_hf_init_without_chat_template_fails_sft_clearly(tmp_path):
+    from composer2.sft import SFTConfig, run_sft
+    from composer2.train import TrainConfig
+    d = _hf_model_dir(tmp_path / 'm', template=None)
+    cfg = SFTConfig(init=f'hf:{d}', out_dir=str(tmp_path / 'sft'), corpus_dir=str(_corpus(tmp_path / 'c')),
+                    train=TrainConfig(**{**TRAIN, 'seq_len': 256}))
+    with pytest.raises(ChatFormatError, match='no chat template'): run_sft(cfg)
+    (d / 'tokenizer.json').unlink()
+    with pytest.raises(FileNotFoundError, match=r'tokenizer\.json is missing'): run_sft(cfg)
+
+def test_default_path_is_unchanged(tmp_path):
+    "Our tokenizer: uint16 streams as raw bytes with nothing beside them, no tokenizer in checkpoints, the stage's files read."
+    from composer2.model import ModelConfig, Transformer
+    from composer2.pretrain import PretrainConfig, stage_data
+    from composer2.train import TrainConfig, load_model, save_checkpoint
+    tok = Tokenizer.train(['def f(x):\n    return x + 1\n'] * 40, vocab_size=300)
+    tok.save_hf(tmp_path / 'tok')
+    assert not isinstance(load_tokenizer(tmp_path / 'tok'), PretrainedTokenizer)
+    arr = encode_stream(tok, ['def f(x): return x'] * 30)
+    assert arr.dtype == np.uint16
+    for s in ('a', 'b', 'c'): save_stream(tmp_path / f'{s}.bin', arr)
+    assert (tmp_path / 'a.bin').read_bytes() == arr.astype(np.uint16).tobytes() and not (tmp_path / 'a.bin.json').exists()
+    m = Transformer(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, n_experts=2, top_k=1,
+                                d_expert=16, max_seq_len=16))
+    save_checkpoint(tmp_path / 'ck', m, step=1, meta={'init': ''})
+    assert sorted(p.name for p in (tmp_path / 'ck').iterdir()) == ['meta.json', 'model.safetensors']
+    assert 'tokenizer' not in load_model(tmp_path / 'ck')[1]
+    cfg = PretrainConfig(init=str(tmp_path / 'ck'), data=str(tmp_path / 'a.bin'), val=str(tmp_path / 'b.bin'),
+                         heldout=str(tmp_path / 'c.bin'), tokenizer=str(tmp_path / 'tok'), out_dir=str(tmp_path / 'out'),
+                         train=TrainConfig(steps=2, batch_size=2, seq_len=8, warmup_steps=0))
+    _, t, streams, meta = stage_data('cpt', cfg)
+    assert type(t) is Tokenizer and meta == {'init': cfg.init} and all((s == arr).all() for s in streams)
+    assert not (tmp_path / 'out').exists()
