@@ -11,6 +11,8 @@ from ..config import ConfigError, load_section, write_json, write_resolved
 from . import write_metrics
 from ..tasks import (TasksConfig, build_set, check_contamination, default_exclusions, fetch_sdist, load_exclusions,
                              sandbox_available, save_tasks, scan_corpus, set_stats, stdlib_test_dir)
+from ..tasks_v2 import TasksV2Config, build_v2, class_targets, make_repos, scan_content, set_stats_v2
+
 
 # %% auto #0
 __all__ = ['run', 'run_v2']
@@ -64,9 +66,9 @@ def run(params: str = 'params.yaml') -> dict:
         f"median gold {stats['median_gold_changed_lines']} changed lines, {time.time() - t0:.0f}s")
     return metrics
 
+# %% ../../nbs/8_stages/08_tasks.ipynb #c102
 def run_v2(params: str = 'params.yaml') -> dict:
     "ReserveBench v2: build from the stdlib and pinned sdists, validate, check contamination by content, freeze beside v1."
-    from ..tasks_v2 import TasksV2Config, build_v2, class_targets, make_repos, scan_content, set_stats_v2
     t0 = time.time()
     cfg = load_section(TasksV2Config, 'tasks_v2', params)
     stdlib_test_dir()
@@ -81,7 +83,8 @@ def run_v2(params: str = 'params.yaml') -> dict:
     log = lambda s: print(s, file=sys.stderr)
     repos, sources = make_repos(cfg, out_dir / 'sdists')
     log(f"tasks_v2: building {cfg.bench_name}-{cfg.version} from {len(repos)} repos ({len(sources)} codebases)")
-    bench, info = build_v2(repos, cfg.plan, cfg.seed, cfg.runs, cfg.timeout_s, cfg.backend, cfg.workers, extra=class_targets(repos), log=log)
+    bench, info = build_v2(repos, cfg.plan, cfg.seed, cfg.runs, cfg.timeout_s, cfg.backend, cfg.workers,
+                           extra=class_targets(repos), cap=cfg.max_per_template, log=log)
     for t in bench: t.id = f"{cfg.bench_name.lower()}-{cfg.version}/{t.id}"
     std = [t for t in bench if t.source == 'stdlib']
     contam = {'names': check_contamination(std, exc) if std else {}, 'sdist_packages_in_corpus_modules': [],
