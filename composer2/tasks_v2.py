@@ -181,6 +181,10 @@ def gen_feature_module(repo: Repo, rng, n: int = 1, lo: int = 60, hi: int = 700)
 # %% ../nbs/6_harness/15_tasks_v2.ipynb #c014
 import builtins as _builtins
 
+_READS = ('programs/check_move_v2.py', 'programs/check_docs.py', 'programs/check_mutants.py', 'programs/check_build.py',
+          'programs/struct_head.py', 'programs/strip_docstrings.py', 'programs/devops/*')
+"The hidden checks of v2's refactor, docs, tests and devops tasks and the devops project's files (run inside the sandbox)."
+
 def _module_level_loads(tree, skip) -> set:
     "Names loaded by module-level code (class bodies and bases included, function bodies not), outside the nodes in `skip`."
     out = set()
