@@ -11,16 +11,17 @@ from pathlib import Path
 
 from .env_base import program_text
 from .io import sha256_text
-from .tasks_data import CATEGORIES, HIDDEN, Task, TaskError, unified_diff
+from .config import check
+from .tasks_data import CATEGORIES, HIDDEN, Task, TaskError, fetch_sdist, unified_diff
 from .tasks_grade import validate_task
 from .tasks_mutate import Mutation, _docstring_node, area, check_mutation, debug_prompt, find_mutations, mutate
 from .tasks_gen import DEVOPS_BREAKS, Source, _find_qual, strip_docstrings
 
 # %% auto #0
-__all__ = ['DEVOPS_BREAKS_V2', 'GENERATORS', 'SDIST_LAYOUT', 'Repo', 'repo_from_sdist', 'gen_feature_class', 'gen_feature_funcs',
-           'gen_feature_module', 'gen_move_class', 'gen_split_module', 'gen_debug_multi', 'gen_debug_blocks',
-           'gen_debug_cross_file', 'gen_docs_module', 'gen_docs_class', 'gen_docs_api', 'gen_tests_module',
-           'gen_tests_class', 'project_files', 'gen_devops_repair', 'gen_devops_rebuild', 'changed_lines_v2',
+__all__ = ['DEVOPS_BREAKS_V2', 'GENERATORS', 'SDIST_LAYOUT', 'Repo', 'repo_from_sdist', 'changed_lines_v2', 'gen_feature_class',
+           'gen_feature_funcs', 'gen_feature_module', 'gen_move_class', 'gen_split_module', 'gen_debug_multi',
+           'gen_debug_blocks', 'gen_debug_cross_file', 'gen_docs_module', 'gen_docs_class', 'gen_docs_api',
+           'gen_tests_module', 'gen_tests_class', 'project_files', 'gen_devops_repair', 'gen_devops_rebuild',
            'build_v2', 'shingles', 'task_texts', 'scan_content', 'set_stats_v2', 'SdistSource', 'TasksV2Config',
            'make_repos', 'class_targets']
 
@@ -76,6 +77,18 @@ def repo_from_sdist(tar_path, package: str, licence: str, skip_tests=()) -> Repo
     if not mods: raise TaskError(f"{tar_path.name}: no tests/test_*.py in the sdist")
     name = tar_path.name.removesuffix('.tar.gz')
     return Repo(package, name, licence, files, tests, mods, {package: f'{package}/__init__.py'}, package, sha)
+
+# %% ../nbs/6_harness/15_tasks_v2.ipynb #c201
+def changed_lines_v2(diff: str) -> int:
+    "Added plus removed lines of a unified diff, a pure move (a line removed in one place and added verbatim elsewhere) counted once."
+    from collections import Counter
+    add, rem = Counter(), Counter()
+    for l in diff.splitlines():
+        if l.startswith('+') and not l.startswith('+++'): add[l[1:]] += 1
+        elif l.startswith('-') and not l.startswith('---'): rem[l[1:]] += 1
+    moved = sum(min(c, add[k]) for k, c in rem.items())
+    return sum(add.values()) + sum(rem.values()) - moved
+
 
 # %% ../nbs/6_harness/15_tasks_v2.ipynb #c010
 _STUB = 'raise NotImplementedError'
@@ -527,16 +540,6 @@ def gen_devops_rebuild(repo: Repo, rng, n: int = 1) -> list[Task]:
     return out
 
 # %% ../nbs/6_harness/15_tasks_v2.ipynb #c030
-def changed_lines_v2(diff: str) -> int:
-    "Added plus removed lines of a unified diff, a pure move (a line removed in one place and added verbatim elsewhere) counted once."
-    from collections import Counter
-    add, rem = Counter(), Counter()
-    for l in diff.splitlines():
-        if l.startswith('+') and not l.startswith('+++'): add[l[1:]] += 1
-        elif l.startswith('-') and not l.startswith('---'): rem[l[1:]] += 1
-    moved = sum(min(c, add[k]) for k, c in rem.items() if k.strip())
-    return sum(add.values()) + sum(rem.values()) - moved
-
 GENERATORS = {'feature_class': gen_feature_class, 'feature_funcs': gen_feature_funcs, 'feature_module': gen_feature_module,
               'move_class': gen_move_class, 'split_module': gen_split_module,
               'debug_multi': gen_debug_multi, 'debug_blocks': gen_debug_blocks, 'debug_cross_file': gen_debug_cross_file,
@@ -693,7 +696,6 @@ class TasksV2Config:
     min_shared_shingles: int = 3
     max_per_template: int = 15   # no template above a tenth of a 150-task set
     def __post_init__(self):
-        from .config import check
         check(self.runs >= 1, f"tasks_v2.runs: must be >= 1, got {self.runs}")
         check(self.backend in ('sandbox', 'local'), f"tasks_v2.backend: 'sandbox' or 'local', got {self.backend!r}")
         bad = set(self.plan) - set(GENERATORS)
@@ -702,7 +704,6 @@ class TasksV2Config:
 
 def make_repos(cfg: TasksV2Config, sdist_dir) -> tuple[list[Repo], list[dict]]:
     "The stdlib repos and the pinned, hash-checked sdists as repos; plus a record of each source (for the datasheet)."
-    from .tasks_data import fetch_sdist
     repos = [Repo.from_stdlib(m) for m in cfg.modules]
     info = [{'codebase': 'stdlib', 'modules': list(cfg.modules), 'licence': 'PSF-2.0', 'python': __import__('sys').version.split()[0]}]
     for s in cfg.sdists:
