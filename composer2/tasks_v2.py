@@ -146,11 +146,11 @@ GENERATORS = {'feature_class': gen_feature_class, 'feature_funcs': gen_feature_f
 
 # %% ../nbs/6_harness/16_tasks_v2.ipynb #c016
 def build_v2(repos: list[Repo], plan: dict[str, int], seed: int = 0, runs: int = 3, timeout: float = 60, backend: str = 'sandbox',
-             workers: int = 2, rounds: int = 3, extra: dict | None = None, cap: int = 15, log=None) -> tuple[list[Task], dict]:
+             workers: int = 2, rounds: int = 3, extra: dict | None = None, cap: int = 15, top_up=None, log=None) -> tuple[list[Task], dict]:
     """Generate and validate tasks: `plan[template]` validated tasks of each template, spread round-robin over the repos;
     candidates are validated `workers` at a time. Where a template falls short, the others top the set up to `sum(plan)`,
     none beyond `cap` tasks (plan order: list the templates with
-    large changes first, they top up first). `extra[template][repo]`: extra generator kwargs."""
+    large changes first, they top up first; `top_up`: the templates allowed to, default all). `extra[template][repo]`: extra generator kwargs."""
     import random
     bad = set(plan) - set(GENERATORS)
     if bad: raise TaskError(f"tasks_v2.plan: unknown templates {sorted(bad)}; templates: {sorted(GENERATORS)}")
@@ -163,7 +163,7 @@ def build_v2(repos: list[Repo], plan: dict[str, int], seed: int = 0, runs: int =
             for repo in repos:
                 kw = ((extra or {}).get(tpl) or {}).get(repo.name, {})
                 for c in GENERATORS[tpl](repo, random.Random(rng.random()), per, **kw):
-                    key = sha256_text(json.dumps([c.files, c.solution], sort_keys=True))
+                    key = sha256_text(json.dumps([c.files, c.solution, c.hidden_tests], sort_keys=True))
                     if key not in seen: seen.add(key); by.setdefault(c.id, []).append(c)
             while any(by.values()):    # interleave repos so an early stop keeps the mix
                 for k in list(by):
@@ -177,7 +177,7 @@ def build_v2(repos: list[Repo], plan: dict[str, int], seed: int = 0, runs: int =
                 if v is not None and len(got[tpl]) < need: got[tpl].append(v)
         if log: log(f"  {tpl}: {len(got[tpl])} of {need} validated ({tried.get(tpl, 0)} candidates)")
     for tpl, need in plan.items(): fill(tpl, need)
-    for tpl in plan:   # top up from the templates with room
+    for tpl in [t for t in plan if top_up is None or t in top_up]:   # top up from the templates with room
         short = sum(plan.values()) - sum(map(len, got.values()))
         if short <= 0: break
         if len(got[tpl]) >= plan[tpl]: fill(tpl, min(cap, len(got[tpl]) + short))
@@ -263,7 +263,7 @@ SDIST_LAYOUT = {   # package: licence, module file -> its own test files (tests 
                    'classes': {c: ('cachetools/__init__.py', ['__init__.py', f'test_{s}.py']) for c, s in
                                [('FIFOCache', 'fifo'), ('LFUCache', 'lfu'), ('LRUCache', 'lru'), ('RRCache', 'rr'), ('TTLCache', 'ttl'), ('TLRUCache', 'tlru')]}},
     'more_itertools': {'licence': 'MIT', 'skip_tests': [],
-                       'test_files': {'more_itertools/recipes.py': ['test_recipes.py']}, 'classes': {}},
+                       'test_files': {'more_itertools/recipes.py': ['test_recipes.py'], 'more_itertools/more.py': ['test_more.py']}, 'classes': {}},
 }
 
 @dataclass
@@ -281,7 +281,8 @@ class TasksV2Config:
     exclusions: str = 'data/corpus/exclusions.json'
     corpora: list[str] = field(default_factory=lambda: ['data/corpus/general.jsonl', 'data/corpus/code_train.jsonl',
                                                         'data/corpus/code_val.jsonl', 'data/corpus/heldout.jsonl', 'data/tasks/train.jsonl'])
-    modules: list[str] = field(default_factory=lambda: ['textwrap', 'shlex', 'fractions', 'pprint', 'configparser', 'difflib', 'string', 'netrc'])
+    modules: list[str] = field(default_factory=lambda: ['textwrap', 'shlex', 'fractions', 'pprint', 'configparser', 'difflib', 'string', 'netrc',
+                                                        'calendar', 'ipaddress', 'plistlib', 'graphlib', 'reprlib', 'copy'])
     sdists: list[SdistSource] = field(default_factory=list)
     plan: dict[str, int] = field(default_factory=dict)
     seed: int = 0
@@ -291,6 +292,7 @@ class TasksV2Config:
     backend: str = 'sandbox'
     min_shared_shingles: int = 3
     max_per_template: int = 15   # no template above a tenth of a 150-task set
+    top_up: list[str] | None = None   # templates that may fill another's shortfall (None: all)
     def __post_init__(self):
         check(self.runs >= 1, f"tasks_v2.runs: must be >= 1, got {self.runs}")
         check(self.backend in ('sandbox', 'local'), f"tasks_v2.backend: 'sandbox' or 'local', got {self.backend!r}")

@@ -84,7 +84,7 @@ def run_v2(params: str = 'params.yaml') -> dict:
     repos, sources = make_repos(cfg, out_dir / 'sdists')
     log(f"tasks_v2: building {cfg.bench_name}-{cfg.version} from {len(repos)} repos ({len(sources)} codebases)")
     bench, info = build_v2(repos, cfg.plan, cfg.seed, cfg.runs, cfg.timeout_s, cfg.backend, cfg.workers,
-                           extra=class_targets(repos), cap=cfg.max_per_template, log=log)
+                           extra=class_targets(repos), cap=cfg.max_per_template, top_up=cfg.top_up, log=log)
     for t in bench: t.id = f"{cfg.bench_name.lower()}-{cfg.version}/{t.id}"
     std = [t for t in bench if t.source == 'stdlib']
     contam = {'names': check_contamination(std, exc) if std else {}, 'sdist_packages_in_corpus_modules': [],
