@@ -210,18 +210,27 @@ def shingles(text: str, k: int = 6) -> set:
     return {hashlib.blake2b('\n'.join(ls[i:i + k]).encode(), digest_size=8).digest() for i in range(max(0, len(ls) - k + 1))}
 
 def task_texts(t: Task) -> list[str]:
-    "The codebase texts of a task (its files, gold files, hidden tests); the harness's own checks are left out."
-    hid = [v for p, v in t.hidden_tests.items() if not Path(p).name.startswith(('test_c2_', '_c2'))]
-    return [v for v in list(t.files.values()) + list(t.solution.values()) + hid if v]
+    """What a task asks an agent to produce and what grades it: the added lines of its gold patch, file by file, and the
+    project's hidden tests (the harness's own checks are left out). The untouched rest of a workspace is not scanned: a
+    vendored copy of one helper elsewhere must not condemn every task of a package, only the tasks whose answer it is."""
+    hid = [v for p, v in t.hidden_tests.items() if not Path(p).name.startswith(('test_c2_', '_c2')) and '/mutants/' not in '/' + p
+           and not p.startswith('original/')]
+    added, cur = [], []
+    for l in t.gold_patch.splitlines():
+        if l.startswith('+++'): added.append('\n'.join(cur)); cur = []
+        elif l.startswith('+'): cur.append(l[1:])
+    added.append('\n'.join(cur))
+    return [v for v in added + hid if v]
 
-def scan_content(tasks: list[Task], corpus_files, min_shared: int = 3, k: int = 6) -> dict:
+def scan_content(tasks: list[Task], corpus_files, min_shared: int = 3, k: int = 6, fail: bool = True) -> dict:
     """Content-based contamination check: every document of every training corpus file (JSON lines with a `text`, or task
-    records) against every task's texts; a document sharing `min_shared` or more shingles with a task is a hit (`TaskError`)."""
+    records) against every task's texts; a document sharing `min_shared` or more shingles with a task is a hit (`TaskError`; with `fail=False` the
+    hits and the tasks they touch are returned instead)."""
     index = {}
     for t in tasks:
         for txt in task_texts(t):
             for s in shingles(txt, k): index.setdefault(s, set()).add(t.id)
-    n_docs, hits, scanned = 0, [], []
+    n_docs, hits, scanned, hit_ids = 0, [], [], set()
     for f in map(Path, corpus_files):
         if not f.exists(): continue
         scanned.append(str(f))
@@ -235,10 +244,10 @@ def scan_content(tasks: list[Task], corpus_files, min_shared: int = 3, k: int = 
                     for s in shingles(txt, k):
                         for tid in index.get(s, ()): count[tid] = count.get(tid, 0) + 1
                 for tid, c in count.items():
-                    if c >= min_shared: hits.append(f"{f.name}:{i + 1} ({d.get('path') or d.get('id')}) shares {c} shingles with task {tid}")
-    if hits: raise TaskError(f"content contamination: {len(hits)} corpus document(s) overlap benchmark tasks: " + '; '.join(hits[:10]))
+                    if c >= min_shared: hit_ids.add(tid); hits.append(f"{f.name}:{i + 1} ({d.get('path') or d.get('id')}) shares {c} shingles with task {tid}")
+    if hits and fail: raise TaskError(f"content contamination: {len(hits)} corpus document(s) overlap benchmark tasks: " + '; '.join(hits[:10]))
     return {'ran': bool(scanned), 'files': scanned, 'docs_scanned': n_docs, 'task_shingles': len(index), 'k_lines': k,
-            'min_shared': min_shared, 'hits': 0}
+            'min_shared': min_shared, 'hits': len(hits), 'hit_examples': hits[:10], 'hit_tasks': sorted(hit_ids)}
 
 # %% ../nbs/6_harness/16_tasks_v2.ipynb #c020
 def set_stats_v2(tasks: list[Task]) -> dict:

@@ -81,6 +81,12 @@ def test_content_check_catches_a_planted_task_and_passes_a_clean_corpus(tmp_path
     dirty = tmp_path / 'general.jsonl'; dirty.write_text(json.dumps({'path': 'vendor/wrap_helpers.py', 'text': planted}) + '\n')
     with pytest.raises(T.TaskError, match=r'general.jsonl:1 \(vendor/wrap_helpers.py\) shares \d+ shingles with task'):
         V.scan_content([t], [clean, dirty])
+    # the stage's first pass: hits reported (the stage drops those tasks and scans again, which must then be clean)
+    s = V.scan_content([t], [clean, dirty], fail=False)
+    assert s['hits'] == 1 and s['hit_tasks'] == [t.id] and 'wrap_helpers' in s['hit_examples'][0]
+    # only what the agent must write (and the hidden tests) counts, not untouched workspace files
+    other = V.gen_feature_funcs(V.Repo.from_stdlib('configparser'), random.Random(0), 1)[0]
+    assert V.scan_content([other], [dirty])['hits'] == 0
     # a training task file (records, not documents) is scanned through its files too
     rec = tmp_path / 'train.jsonl'; rec.write_text(json.dumps({'id': 'train/x', 'files': {'w.py': planted}, 'solution': {}, 'hidden_tests': {}}) + '\n')
     with pytest.raises(T.TaskError, match='train/x'): V.scan_content([t], [rec])

@@ -86,9 +86,15 @@ def run_v2(params: str = 'params.yaml') -> dict:
     bench, info = build_v2(repos, cfg.plan, cfg.seed, cfg.runs, cfg.timeout_s, cfg.backend, cfg.workers,
                            extra=class_targets(repos), cap=cfg.max_per_template, top_up=cfg.top_up, log=log)
     for t in bench: t.id = f"{cfg.bench_name.lower()}-{cfg.version}/{t.id}"
+    corpora = [root / p for p in cfg.corpora]
+    first = scan_content(bench, corpora, cfg.min_shared_shingles, fail=False)   # drop the tasks a training document overlaps
+    if first['hit_tasks']:
+        log(f"tasks_v2: dropping {len(first['hit_tasks'])} contaminated task(s): {'; '.join(first['hit_examples'][:3])}")
+        bench = [t for t in bench if t.id not in set(first['hit_tasks'])]
     std = [t for t in bench if t.source == 'stdlib']
-    contam = {'names': check_contamination(std, exc) if std else {}, 'sdist_packages_in_corpus_modules': [],
-              'content': scan_content(bench, [root / p for p in cfg.corpora], cfg.min_shared_shingles)}
+    contam = {'names': check_contamination(std, exc) if std else {},
+              'dropped': {'tasks': first['hit_tasks'], 'examples': first['hit_examples']},
+              'content': scan_content(bench, corpora, cfg.min_shared_shingles)}   # the frozen set: zero hits or the stage fails
     bench_file = out_dir / f'{cfg.bench_name}-{cfg.version}.jsonl'
     sha = save_tasks(bench, bench_file)
     stats = set_stats_v2(bench)
