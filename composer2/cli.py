@@ -24,6 +24,8 @@ STAGES = {
     'lowp': 'composer2.stages.lowp:run',
     'tasks': 'composer2.stages.tasks:run',
     'bench': 'composer2.stages.bench:run',
+    'tasks_v2': 'composer2.stages.tasks:run_v2',
+    'bench_v2': 'composer2.stages.bench:run_v2',
     'agent_sft': 'composer2.stages.agent_sft:run',
     'rl': 'composer2.stages.rl:run',
     'eval_rl': 'composer2.stages.eval_rl:run',

@@ -28,7 +28,7 @@ MODULE_LAYERS = {
     'train': 'train', 'pretrain': 'train', 'pretrain_cp': 'train', 'sft': 'train', 'evaluate': 'train', 'mtp': 'train',
     'speculative': 'train',
     'env_base': 'harness', 'env': 'harness', 'tools': 'harness', 'tasks_data': 'harness', 'tasks_grade': 'harness',
-    'tasks_mutate': 'harness', 'tasks_gen': 'harness', 'tasks': 'harness', 'episodes': 'harness', 'agents': 'harness', 'bench': 'harness',
+    'tasks_mutate': 'harness', 'tasks_gen': 'harness', 'tasks': 'harness', 'tasks_v2_gen': 'harness', 'tasks_v2': 'harness', 'episodes': 'harness', 'agents': 'harness', 'bench': 'harness',
     'curriculum_gen': 'harness', 'curriculum': 'harness', 'rewards': 'harness', 'serve': 'harness',
     'rl_rollout': 'rl', 'rl_loss': 'rl', 'rl_transport': 'rl', 'rl_eval': 'rl', 'rl': 'rl', 'screen': 'rl',
     'stages': 'stages',

@@ -14,8 +14,8 @@ from .tasks_data import HIDDEN, Task, TaskError
 
 # %% auto #0
 __all__ = ['PYFLAGS', 'SKIP_PARTS', 'runner_program', 'TestRun', 'runner_argv', 'runner_command', 'run_hidden', 'LocalWorkspace',
-           'sandbox_available', 'write_tree', 'stdlib_dirs', 'hidden_paths', 'stdlib_modules_in', 'TaskEnv',
-           'tree_files', 'task_env', 'run_state', 'grade_env', 'Grade', 'grade_run', 'validate_task']
+           'sandbox_available', 'write_tree', 'stdlib_dirs', 'package_copies', 'hidden_paths', 'stdlib_modules_in',
+           'TaskEnv', 'tree_files', 'task_env', 'run_state', 'grade_env', 'Grade', 'grade_run', 'validate_task']
 
 # %% ../nbs/6_harness/05_tasks_grade.ipynb #c007
 _READS = ('programs/hidden_runner.py',)   # the grading runner, run inside the sandbox
@@ -129,15 +129,30 @@ def stdlib_dirs() -> list[Path]:
         _STDLIB_DIRS.extend(sorted(found))
     return list(_STDLIB_DIRS)
 
+_PY_DIRS: dict = {}
+
+def package_copies(name: str) -> list[str]:
+    "Every folder named `name` holding Python files that a sandbox can read (vendored or installed copies of a package), indexed once per process."
+    if not _PY_DIRS:
+        for r in visible_roots():
+            for dp, dns, fns in os.walk(r):
+                dns[:] = [d for d in dns if d not in ('__pycache__', '.git', 'node_modules')]
+                if any(f.endswith(('.py', '.pyi')) for f in fns): _PY_DIRS.setdefault(os.path.basename(dp), []).append(dp)
+        _PY_DIRS.setdefault('', [])
+    return list(_PY_DIRS.get(name, []))
+
 def hidden_paths(modules) -> list[str]:
-    "Host paths a task's sandbox must hide: each module's original source, package, bytecode and stdlib tests, in every stdlib folder."
+    """Host paths a task's sandbox must hide: each module's original source, package, bytecode and stdlib tests, in every
+    stdlib folder; for a name that is no stdlib module (a PyPI package a task is built from), every readable copy of it."""
     out = []
-    for d in stdlib_dirs():
-        for m in modules:
-            if not re.fullmatch(r'[A-Za-z_]\w*', m): raise TaskError(f"module name {m!r} is not a valid identifier")
+    for m in modules:
+        if not re.fullmatch(r'[A-Za-z_]\w*', m): raise TaskError(f"module name {m!r} is not a valid identifier")
+        found = []
+        for d in stdlib_dirs():
             for p in [d / f'{m}.py', d / m, d / 'test' / f'test_{m}.py', d / 'test' / f'test_{m}'] + \
                      list((d / '__pycache__').glob(f'{m}.*.pyc')) + list((d / 'test' / '__pycache__').glob(f'test_{m}.*.pyc')):
-                if p.exists(): out.append(str(p))
+                if p.exists(): found.append(str(p))
+        out += found if found else package_copies(m)
     return out
 
 def stdlib_modules_in(files) -> list[str]:

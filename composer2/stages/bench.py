@@ -13,9 +13,11 @@ from ..env import SANDBOX_UID, overlay_available
 from . import write_metrics
 from ..tasks import (TaskError, check_contamination, default_exclusions, load_exclusions, sandbox_available,
                              set_stats)
+from ..tasks_v2 import TasksV2Config, set_stats_v2
+
 
 # %% auto #0
-__all__ = ['run']
+__all__ = ['run', 'run_v2']
 
 # %% ../../nbs/8_stages/09_bench.ipynb #c004
 def _sandbox_info() -> dict:
@@ -60,5 +62,42 @@ def run(params: str = 'params.yaml') -> dict:
     write_metrics('bench', metrics, t0)
     if not harness_ok:
         raise TaskError(f"harness check failed: oracle resolved {res.get('oracle', {}).get('resolved')}, null {res.get('null', {}).get('resolved')} "
+                        f"(must be 1 and 0); see {out_dir / 'per_task.json'}")
+    return metrics
+
+# %% ../../nbs/8_stages/09_bench.ipynb #c102
+def _v1_set(root) -> dict:
+    "v1's set figures from its metrics file (read only), to stand beside v2's."
+    p = root / 'reports' / 'metrics' / 'bench.json'
+    if not p.exists(): return {}
+    s = json.loads(p.read_text()).get('set', {})
+    return {k: s.get(k) for k in ('n_tasks', 'median_prompt_chars', 'median_gold_changed_lines', 'categories')}
+
+def run_v2(params: str = 'params.yaml') -> dict:
+    "ReserveBench v2: the harness-validating agents on the frozen v2 set; figures in `reports/metrics/bench_v2.json`."
+    t0 = time.time()
+    cfg = load_section(BenchConfig, 'bench_v2', params); tcfg = load_section(TasksV2Config, 'tasks_v2', params)
+    ok, why = sandbox_available()
+    if not ok: raise ConfigError(f"bench_v2: grading must run in the sandbox, which is unavailable: {why}")
+    root = Path.cwd()
+    tasks, man = load_frozen(root / tcfg.out_dir, cfg.name, cfg.version)
+    out_dir = root / 'data' / 'bench_v2'; out_dir.mkdir(parents=True, exist_ok=True)
+    res, per_task = {}, {}
+    for a in cfg.agents:
+        ta = time.time()
+        s = run_bench(tasks, a, out_dir / a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality, cfg.ks)
+        per_task[a] = s.pop('per_task'); s['seconds'] = round(time.time() - ta, 1); res[a] = s
+        print(f"bench_v2: {a}: resolved {s['resolved']:.3f} of {s['n_tasks']} tasks ({s['by_category']}) in {s['seconds']}s", file=sys.stderr)
+    write_json(out_dir / 'per_task.json', per_task)
+    write_resolved(out_dir, bench_v2=cfg)
+    st = {k: v for k, v in set_stats_v2(tasks).items() if k not in ('prompt_chars', 'changed_lines')}
+    metrics = {'name': cfg.name, 'version': cfg.version, 'sha256': man['sha256'], **res,
+               'set': {**st, 'recipe_median_prompt_chars': 390, 'recipe_median_changed_lines': 181,
+                       'changed_lines_ratio_to_recipe': round(st['median_gold_changed_lines'] / 181, 3)},
+               'v1_set': _v1_set(root), 'sources': man.get('sources', []), 'sandbox': _sandbox_info(), 'seconds': round(time.time() - t0, 1)}
+    metrics['harness_ok'] = ('oracle' not in res or res['oracle']['resolved'] == 1.0) and ('null' not in res or res['null']['resolved'] == 0.0)
+    write_metrics('bench_v2', metrics, t0)
+    if not metrics['harness_ok']:
+        raise TaskError(f"v2 harness check failed: oracle resolved {res.get('oracle', {}).get('resolved')}, null {res.get('null', {}).get('resolved')} "
                         f"(must be 1 and 0); see {out_dir / 'per_task.json'}")
     return metrics

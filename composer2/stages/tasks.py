@@ -11,9 +11,11 @@ from ..config import ConfigError, load_section, write_json, write_resolved
 from . import write_metrics
 from ..tasks import (TasksConfig, build_set, check_contamination, default_exclusions, fetch_sdist, load_exclusions,
                              sandbox_available, save_tasks, scan_corpus, set_stats, stdlib_test_dir)
+from ..tasks_v2 import TasksV2Config, build_v2, class_targets, make_repos, scan_content, set_stats_v2
+
 
 # %% auto #0
-__all__ = ['run']
+__all__ = ['run', 'run_v2']
 
 # %% ../../nbs/8_stages/08_tasks.ipynb #c004
 def run(params: str = 'params.yaml') -> dict:
@@ -62,4 +64,49 @@ def run(params: str = 'params.yaml') -> dict:
     write_metrics('tasks', metrics, t0)
     log(f"tasks: {len(bench)} bench tasks ({stats['categories']}), median prompt {stats['median_prompt_chars']} chars, "
         f"median gold {stats['median_gold_changed_lines']} changed lines, {time.time() - t0:.0f}s")
+    return metrics
+
+# %% ../../nbs/8_stages/08_tasks.ipynb #c102
+def run_v2(params: str = 'params.yaml') -> dict:
+    "ReserveBench v2: build from the stdlib and pinned sdists, validate, check contamination by content, freeze beside v1."
+    t0 = time.time()
+    cfg = load_section(TasksV2Config, 'tasks_v2', params)
+    stdlib_test_dir()
+    if cfg.backend == 'sandbox':
+        ok, why = sandbox_available()
+        if not ok: raise ConfigError(f"tasks_v2: validation must run in the sandbox, which is unavailable: {why}")
+    root = Path.cwd(); exc_path = root / cfg.exclusions
+    exc, exc_src = (load_exclusions(exc_path), str(cfg.exclusions)) if exc_path.exists() else (default_exclusions(), 'default_exclusions()')
+    not_res = [m for m in cfg.modules if m not in exc['reserved_modules']]
+    if not_res: raise ConfigError(f"tasks_v2.modules: {not_res} are not reserved in {exc_src}")
+    out_dir = root / cfg.out_dir; out_dir.mkdir(parents=True, exist_ok=True)
+    log = lambda s: print(s, file=sys.stderr)
+    repos, sources = make_repos(cfg, out_dir / 'sdists')
+    log(f"tasks_v2: building {cfg.bench_name}-{cfg.version} from {len(repos)} repos ({len(sources)} codebases)")
+    bench, info = build_v2(repos, cfg.plan, cfg.seed, cfg.runs, cfg.timeout_s, cfg.backend, cfg.workers,
+                           extra=class_targets(repos), cap=cfg.max_per_template, top_up=cfg.top_up, log=log)
+    for t in bench: t.id = f"{cfg.bench_name.lower()}-{cfg.version}/{t.id}"
+    corpora = [root / p for p in cfg.corpora]
+    first = scan_content(bench, corpora, cfg.min_shared_shingles, fail=False)   # drop the tasks a training document overlaps
+    if first['hit_tasks']:
+        log(f"tasks_v2: dropping {len(first['hit_tasks'])} contaminated task(s): {'; '.join(first['hit_examples'][:3])}")
+        bench = [t for t in bench if t.id not in set(first['hit_tasks'])]
+    std = [t for t in bench if t.source == 'stdlib']
+    contam = {'names': check_contamination(std, exc) if std else {},
+              'dropped': {'tasks': first['hit_tasks'], 'examples': first['hit_examples']},
+              'content': scan_content(bench, corpora, cfg.min_shared_shingles)}   # the frozen set: zero hits or the stage fails
+    bench_file = out_dir / f'{cfg.bench_name}-{cfg.version}.jsonl'
+    sha = save_tasks(bench, bench_file)
+    stats = set_stats_v2(bench)
+    manifest = {'name': cfg.bench_name, 'version': cfg.version, 'file': bench_file.name, 'sha256': sha, 'n_tasks': len(bench),
+                'sources': sources, 'exclusions': exc_src, 'python': sys.version.split()[0]}
+    write_json(out_dir / 'manifest.json', manifest)
+    write_resolved(out_dir, tasks_v2=cfg)
+    metrics = {'bench': {'name': cfg.bench_name, 'version': cfg.version, 'sha256': sha, **{k: v for k, v in stats.items() if k not in ('prompt_chars', 'changed_lines')},
+                         'recipe_median_prompt_chars': 390, 'recipe_median_changed_lines': 181, **info},
+               'distributions': {'prompt_chars': stats['prompt_chars'], 'changed_lines': stats['changed_lines']},
+               'sources': sources, 'contamination': contam, 'seconds': round(time.time() - t0, 1)}
+    write_metrics('tasks_v2', metrics, t0)
+    log(f"tasks_v2: {len(bench)} tasks ({stats['categories']}; {stats['codebases']}), median prompt {stats['median_prompt_chars']} chars, "
+        f"median gold {stats['median_gold_changed_lines']} changed lines, max template share {stats['max_template_share']}, {time.time() - t0:.0f}s")
     return metrics
