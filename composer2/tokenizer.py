@@ -186,7 +186,7 @@ def _tok_file(p) -> Path: return Path(p) / 'tokenizer.json' if Path(p).is_dir() 
 def stage_tokenizer(default, meta=None, explicit=None, ours_only: str = '') -> Tokenizer:
     """The tokenizer of a checkpoint, for every stage (and `serve`) that reads one: the pretrained tokenizer it carries
     (`meta['tokenizer']` of `train.load_model`'s meta, or `meta` is the checkpoint's path), else ours at `default`.
-    A stage's `tokenizer:` parameter is only this fallback. `explicit`, a tokenizer the user named (serve's
+    A stage's `tokenizer:` parameter is only this fallback (`default` None: None, for a stage that reads our stage files). `explicit`, a tokenizer the user named (serve's
     `--tokenizer`), is used where the checkpoint carries none; one whose tokenizer.json differs from the carried one is
     an error (the model's ids would be ambiguous). `ours_only`: a stage that speaks only our chat format names itself."""
     t = carried_tokenizer(meta) if isinstance(meta, (str, Path)) else (meta or {}).get('tokenizer')
@@ -196,7 +196,7 @@ def stage_tokenizer(default, meta=None, explicit=None, ours_only: str = '') -> T
     if explicit is not None and t is None: return load_tokenizer(explicit)
     if explicit is not None and _tok_file(explicit).read_bytes() != _tok_file(t).read_bytes():
         raise ConfigError(f"tokenizer {explicit} differs from the one the checkpoint carries ({t}): name none, or that one")
-    return PretrainedTokenizer(t) if t else Tokenizer.load(default)
+    return PretrainedTokenizer(t) if t else None if default is None else Tokenizer.load(default)
 
 def conversation_ids(tok: Tokenizer, messages, train_roles=('assistant',)) -> tuple[list[int], list[int]]:
     "(ids, loss mask) of a conversation in `tok`'s chat format: a pretrained tokenizer's template, else ours (`chat.encode_chat`)."

@@ -66,7 +66,7 @@ def _arm_metrics(hist: dict, window: int) -> dict:
 # %% ../../nbs/8_stages/07_lowp.ipynb #c012
 def _train_arm(cfg: LowpStageConfig, arm: str, live_root) -> dict:
     "Train arm `arm` from `cfg.init` (in its own process when the arms run side by side) and return its metrics."
-    tok = stage_tokenizer(cfg.tokenizer, cfg.init)     # the init's tokenizer: its streams (ours: the stage files)
+    tok = stage_tokenizer(None, cfg.init)     # the pretrained tokenizer init carries (its streams), None: ours' stage files
     stream, val, held = (stage_stream(tok, p, cfg.corpus_dir, Path(cfg.out_dir) / 'tokens') for p in (cfg.data, cfg.val, cfg.heldout))
     L, out = cfg.train.seq_len, Path(cfg.out_dir)
     ev = lambda m: {'val_ppl': perplexity(m, val, L, cfg.train.eval_windows), 'heldout_ppl': perplexity(m, held, L, cfg.train.eval_windows)}
