@@ -186,9 +186,9 @@ def _tok_file(p) -> Path: return Path(p) / 'tokenizer.json' if Path(p).is_dir() 
 def stage_tokenizer(default, meta=None, explicit=None, ours_only: str = '') -> Tokenizer:
     """The tokenizer of a checkpoint, for every stage (and `serve`) that reads one: the pretrained tokenizer it carries
     (`meta['tokenizer']` of `train.load_model`'s meta, or `meta` is the checkpoint's path), else ours at `default`.
-    A stage's `tokenizer:` parameter is only this fallback (`default` None: None, for a stage that reads our stage files). `explicit`, a tokenizer the user named (serve's
-    `--tokenizer`), is used where the checkpoint carries none; one whose tokenizer.json differs from the carried one is
-    an error (the model's ids would be ambiguous). `ours_only`: a stage that speaks only our chat format names itself."""
+    A stage's `tokenizer:` parameter is only this fallback (`default` None: None, for a stage reading our stage files).
+    `explicit`, a tokenizer the user named (serve's `--tokenizer`), is used where the checkpoint carries none; one whose
+    tokenizer.json differs from the carried one is an error (the model's ids would be ambiguous). `ours_only`: a stage that speaks only our chat format names itself."""
     t = carried_tokenizer(meta) if isinstance(meta, (str, Path)) else (meta or {}).get('tokenizer')
     if t and ours_only:
         raise ConfigError(f"{ours_only}: the checkpoint carries a pretrained tokenizer ({t}), and {ours_only} renders "
