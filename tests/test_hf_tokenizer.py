@@ -233,10 +233,11 @@ def test_default_path_is_unchanged(tmp_path):
 # --- agent_sft, serve (and rl's refusal) from a checkpoint that carries a pretrained tokenizer ---------------------------
 
 def test_agent_sft_trains_on_the_carried_tokenizers_chat_template(chain):
-    "The real agent_sft stage from cpt/ckpt: expert transcripts rendered by the carried tokenizer's template feed the trainer."
+    """The real agent_sft stage from cpt/ckpt: expert transcripts rendered by the carried tokenizer's template feed the
+    trainer, and its checkpoint carries the tokenizer on; rl and eval_rl (our chat format only) refuse it by name."""
     import composer2.stages.agent_sft as A
     from composer2.config import ConfigError
-    from composer2.stages import rl as stage_rl
+    from composer2.stages import eval_rl as stage_eval_rl, rl as stage_rl
     ws, ref = chain['ws'], chain['ref']
     got, fed, real_enc, real_train = {}, [], A.encode_transcripts, A.train
     def enc(tok, transcripts, L):
@@ -249,11 +250,14 @@ def test_agent_sft_trains_on_the_carried_tokenizers_chat_template(chain):
                      agent_sft=dict(init='cpt/ckpt', out_dir='agent_sft', tokenizer='no/such/tokenizer', n_train=2, n_heldout=1,
                                     backend='local', workers=1, validate_heldout=False, max_turns=1, max_new_tokens=4,
                                     eval_samples=0, eval_greedy=False, categories=['docs'], train={**TRAIN, 'seq_len': 128}),
-                     rl=dict(init='agent_sft/ckpt', tokenizer='no/such/tokenizer', out_dir='rl'))
+                     rl=dict(init='agent_sft/ckpt', tokenizer='no/such/tokenizer', out_dir='rl'),
+                     eval_rl=dict(sft_ckpt='agent_sft/ckpt', rl_ckpt='agent_sft/ckpt', tokenizer='no/such/tokenizer',
+                                  out_dir='eval_rl', threads=1))
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ws); mp.setattr(A, 'encode_transcripts', enc); mp.setattr(A, 'train', spy)
         m = A.run(params)
         with pytest.raises(ConfigError, match='rl: the checkpoint carries a pretrained tokenizer'): stage_rl.run(params)
+        with pytest.raises(ConfigError, match='eval_rl: the checkpoint carries a pretrained tokenizer'): stage_eval_rl.run(params)
     want = [list(ref.apply_chat_template([hf_message(x) for x in t], tokenize=True, return_dict=False))[:got['L']]
             for t in got['transcripts']]
     assert m['n_trajectories'] == 2 and all(w[0] == 70001 for w in want)          # <|im_start|>: the template's ids
