@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .chat import Message, ToolCall, encode_chat
+from .chat import Message, ToolCall
+from .tokenizer import conversation_ids
 from .config import check
 # the episode path (env, record, scheduler) lives in `composer2.episodes`; its names stay importable from here
 from .episodes import (SYSTEM_SHORT, AgentEnv, Episode, GeneratePolicy, ScriptedPolicy,  # noqa: F401
@@ -134,7 +135,7 @@ def expert_transcripts(tasks: list[Task], backend: str = 'sandbox', workers: int
 
 def encode_transcripts(tok, transcripts: list[list[Message]], max_len: int) -> tuple[list, dict]:
     "(ids, mask) pairs for training (loss on assistant turns), cut to `max_len` tokens; and length statistics."
-    ex = [encode_chat(tok, m) for m in transcripts]
+    ex = [conversation_ids(tok, m) for m in transcripts]      # a pretrained tokenizer: its chat template
     lens = sorted(len(i) for i, _ in ex)
     q = lambda f: lens[min(len(lens) - 1, int(f * len(lens)))]
     stats = {'n': len(ex), 'truncated': sum(l > max_len for l in lens), 'max_len': max_len, 'mean': sum(lens) / len(lens),

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from .chat import END, EOS, Message, encode_chat, parse_assistant, render
+from .tokenizer import PretrainedTokenizer
 from .tasks import Task, TaskEnv, changed_lines, grade_env, task_env, tree_files, unified_diff
 from .tools import Toolbox, defuse
 
@@ -199,13 +200,15 @@ class GeneratePolicy(Policy):
     def __init__(self, model, tok, temperature: float = 1.0, max_new_tokens: int = 192, generator=None, max_len: int | None = None):
         self.model, self.tok, self.temperature, self.max_new_tokens, self.generator = model, tok, temperature, max_new_tokens, generator
         self.max_len = max_len or model.cfg.max_seq_len
-        self.stop_ids, self.asst = (tok.token_id(END), tok.token_id(EOS)), tok.encode('<|assistant|>')
+        pre = isinstance(tok, PretrainedTokenizer)        # a pretrained tokenizer: its chat template and stop ids
+        self.stop_ids = tok.stop_ids if pre else (tok.token_id(END), tok.token_id(EOS))
+        self.asst = None if pre else tok.encode('<|assistant|>')
     def start(self, envs, observations): self.envs, self.msgs, self.ntok = envs, list(observations), [0] * len(envs)
     def advance(self, live):
         from composer2.decoding import generate
         out, idx, prompts = [], [], []
         for i in live:
-            ids = encode_chat(self.tok, self.msgs[i])[0] + self.asst
+            ids = self.tok.prompt_ids(self.msgs[i]) if self.asst is None else encode_chat(self.tok, self.msgs[i])[0] + self.asst
             if len(ids) + self.max_new_tokens > self.max_len: self.envs[i].stop(); out.append((i, None)); continue
             idx.append(i); prompts.append(ids)
         if idx:

@@ -53,7 +53,7 @@ def screen(ckpt, params: str = 'params.yaml', samples: str | None = None, seed: 
            model: str = 'agent_sft') -> dict:
     """Score checkpoint `ckpt` on `eval_rl`'s held-out tasks and pair it with `model`'s samples cached by `eval_rl`
     (`samples`, default `<eval_rl.out_dir>/samples.jsonl`). Run from the repository root, as the stages are."""
-    from composer2.tokenizer import Tokenizer
+    from composer2.tokenizer import stage_tokenizer
     t0 = time.time()
     cfg = load_section(R.EvalRLConfig, 'eval_rl', params)
     root, ckpt = Path.cwd(), Path(ckpt)
@@ -63,7 +63,8 @@ def screen(ckpt, params: str = 'params.yaml', samples: str | None = None, seed: 
     torch.set_num_threads(cfg.threads)
     jobs, _, fac = R.heldout_jobs(cfg, root)
     seed = cfg.seed if seed is None else seed
-    res, _ = R._eval_ckpt(root / ckpt, Tokenizer.load(root / cfg.tokenizer), jobs, fac, cfg.rollout, cfg.groups_per_batch,
+    tok = stage_tokenizer(root / cfg.tokenizer, root / ckpt, ours_only='screen')     # the tokenizer the checkpoint carries
+    res, _ = R._eval_ckpt(root / ckpt, tok, jobs, fac, cfg.rollout, cfg.groups_per_batch,
                           seed, cfg.threads, cfg.paired_noise)
     s = R.heldout_summary(res)
     per_task = {j['task'].id: [t.reward for t in ts] for j, ts in res}

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .chat import CALL_OPEN, END, EOS, ChatFormatError, Message, ToolCall, parse_assistant, render
+from .tokenizer import PretrainedTokenizer
 from .decoding import KVCache, compiled_step, sample_next
 from .model import frozen_weights
 
@@ -149,7 +150,7 @@ class Engine:
     def __init__(self, model, tok, max_batch: int = 32, compile: bool = False):
         self.model, self.tok, self.max_batch, self.compile = model, tok, max_batch, compile
         self.max_len, self.dev = model.cfg.max_seq_len, next(model.parameters()).device
-        self.stop_ids = {tok.token_id(END), tok.token_id(EOS)}
+        self.stop_ids = set(tok.stop_ids) if isinstance(tok, PretrainedTokenizer) else {tok.token_id(END), tok.token_id(EOS)}
         self.waiting, self.rows, self.cache, self._new, self._stop = queue.Queue(), [], None, [], False
         self.stats = {'requests': 0, 'prefills': 0, 'steps': 0, 'max_batch': 0, 'batch_sizes': {}, 'cancelled': 0}
         self._thread = threading.Thread(target=self._loop, daemon=True, name='composer2-engine'); self._thread.start()
@@ -262,7 +263,8 @@ def make_app(engine: Engine, model_id: str) -> FastAPI:
         except (json.JSONDecodeError, UnicodeDecodeError) as e: raise APIError(f'the request body is not valid JSON: {e}') from None
         if not isinstance(body, dict): raise APIError('the request body must be a JSON object')
         req = parse_request(body, model_id)
-        ids = tok.encode(render(req.messages, add_generation_prompt=True) + req.prefill)
+        chat = tok.render_chat if isinstance(tok, PretrainedTokenizer) else render     # a pretrained tokenizer: its template
+        ids = tok.encode(chat(req.messages, add_generation_prompt=True) + req.prefill)
         if len(ids) >= engine.max_len:
             raise APIError(f"This model's maximum context length is {engine.max_len} tokens, but the messages take {len(ids)} tokens",
                            code='context_length_exceeded', param='messages')
@@ -328,13 +330,14 @@ async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usa
 
 # %% ../nbs/6_harness/14_serve.ipynb #c023
 def load_served(ckpt, tokenizer=None, device=None):
-    "(model in eval mode, tokenizer) of checkpoint `ckpt`."
+    """(model in eval mode, tokenizer) of checkpoint `ckpt`: the tokenizer it carries (`tokenizer.stage_tokenizer`); where
+    it carries none, `tokenizer` or its own tokenizer.json, else data/tokenizer. A `tokenizer` other than the carried one: an error."""
     from composer2.train import load_model
-    from composer2.tokenizer import Tokenizer
+    from composer2.tokenizer import stage_tokenizer
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    model, _ = load_model(ckpt, device)
-    tdir = tokenizer or (Path(ckpt) / 'tokenizer.json' if (Path(ckpt) / 'tokenizer.json').exists() else 'data/tokenizer')
-    return model.eval(), Tokenizer.load(tdir)
+    model, meta = load_model(ckpt, device)
+    own = Path(ckpt) / 'tokenizer.json'
+    return model.eval(), stage_tokenizer(own if own.exists() else 'data/tokenizer', meta, explicit=tokenizer)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog='composer2 serve', description='an OpenAI-compatible server for a checkpoint')

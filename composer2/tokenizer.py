@@ -12,14 +12,15 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 
-from .chat import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, ChatFormatError, Message
+from .chat import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, ChatFormatError, Message, encode_chat
 from .config import ConfigError, check
 from .data import read_docs
 
 # %% auto #0
 __all__ = ['TOKENIZER_FILES', 'SPLITS', 'TokenizerConfig', 'Tokenizer', 'hf_message', 'copy_tokenizer_files',
-           'PretrainedTokenizer', 'load_tokenizer', 'stage_tokenizer', 'check_vocab', 'tokenizer_meta', 'stream_dtype',
-           'encode_stream', 'save_stream', 'load_stream', 'corpus_stream', 'stage_stream']
+           'PretrainedTokenizer', 'load_tokenizer', 'carried_tokenizer', 'stage_tokenizer', 'conversation_ids',
+           'check_vocab', 'tokenizer_meta', 'stream_dtype', 'encode_stream', 'save_stream', 'load_stream',
+           'corpus_stream', 'stage_stream']
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c005
 @dataclass
@@ -156,6 +157,14 @@ class PretrainedTokenizer(Tokenizer):
             spans.append((len(a), len(b)))
         enc = self.hf.encode(full, add_special_tokens=False)
         return enc.ids, [int(any(a <= s < b for a, b in spans)) for s, _ in enc.offsets]
+    def prompt_ids(self, messages) -> list[int]:
+        "The ids of `messages` rendered with the template's generation prompt: what the model continues as the assistant."
+        return self.encode(self.render_chat(messages, add_generation_prompt=True))
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        "Ids that end an assistant turn: eos, and ChatML's `<|im_end|>` where the vocabulary has it."
+        im_end = self.hf.token_to_id('<|im_end|>')
+        return tuple(sorted({self._eos} | ({im_end} if im_end is not None else set())))
 
 # %% ../nbs/2_data/01_tokenizer.ipynb #c008d2
 def load_tokenizer(path) -> Tokenizer:
@@ -165,10 +174,34 @@ def load_tokenizer(path) -> Tokenizer:
     except ValueError as e:
         if 'does not reserve' not in str(e): raise
     return PretrainedTokenizer(p if p.is_dir() else p.parent)
-def stage_tokenizer(default, meta: dict | None = None) -> Tokenizer:
-    "A stage's tokenizer: the one its init brings (`meta['tokenizer']` from `train.load_model`), else ours at `default`."
-    t = (meta or {}).get('tokenizer')
-    return PretrainedTokenizer(t) if t else Tokenizer.load(default)
+def carried_tokenizer(ckpt) -> str | None:
+    "The directory of the pretrained tokenizer checkpoint `ckpt` carries (`hf:DIR`: DIR), None where it carries none."
+    if str(ckpt).startswith('hf:'): return str(ckpt)[3:]
+    f = Path(ckpt) / 'meta.json'
+    t = json.loads(f.read_text()).get('tokenizer') if f.exists() else None
+    return str(Path(ckpt) / t) if t else None
+
+def _tok_file(p) -> Path: return Path(p) / 'tokenizer.json' if Path(p).is_dir() else Path(p)
+
+def stage_tokenizer(default, meta=None, explicit=None, ours_only: str = '') -> Tokenizer:
+    """The tokenizer of a checkpoint, for every stage (and `serve`) that reads one: the pretrained tokenizer it carries
+    (`meta['tokenizer']` of `train.load_model`'s meta, or `meta` is the checkpoint's path), else ours at `default`.
+    A stage's `tokenizer:` parameter is only this fallback (`default` None: None, for a stage reading our stage files).
+    `explicit`, a tokenizer the user named (serve's `--tokenizer`), is used where the checkpoint carries none; one whose
+    tokenizer.json differs from the carried one is an error (the model's ids would be ambiguous). `ours_only`: a stage that speaks only our chat format names itself."""
+    t = carried_tokenizer(meta) if isinstance(meta, (str, Path)) else (meta or {}).get('tokenizer')
+    if t and ours_only:
+        raise ConfigError(f"{ours_only}: the checkpoint carries a pretrained tokenizer ({t}), and {ours_only} renders "
+                          "episodes in this project's chat format only (rl_rollout's token codec): not supported yet")
+    if explicit is not None and t is None: return load_tokenizer(explicit)
+    if explicit is not None and _tok_file(explicit).read_bytes() != _tok_file(t).read_bytes():
+        raise ConfigError(f"tokenizer {explicit} differs from the one the checkpoint carries ({t}): name none, or that one")
+    return PretrainedTokenizer(t) if t else None if default is None else Tokenizer.load(default)
+
+def conversation_ids(tok: Tokenizer, messages, train_roles=('assistant',)) -> tuple[list[int], list[int]]:
+    "(ids, loss mask) of a conversation in `tok`'s chat format: a pretrained tokenizer's template, else ours (`chat.encode_chat`)."
+    if isinstance(tok, PretrainedTokenizer): return tok.encode_chat(messages, train_roles)
+    return encode_chat(tok, messages, train_roles)
 
 def check_vocab(tok: Tokenizer, vocab_size: int, where: str):
     "The model's vocabulary must cover the tokenizer's: equal for ours; a HF model's embedding may be padded past its tokenizer."

@@ -206,7 +206,8 @@ def test_agent_sft_stage_names_a_missing_input(tmp_path, monkeypatch):
     from composer2.stages.agent_sft import run
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'params.yaml').write_text('agent_sft:\n  tokenizer: data/no_tokenizer\n')
-    with pytest.raises(FileNotFoundError, match='data/no_tokenizer'): run()
+    from composer2.io import CheckpointError              # the init first: its tokenizer, if it carries one, is the stage's
+    with pytest.raises(CheckpointError, match='data/sft/ckpt is not a checkpoint'): run()
 
 
 # ---------------------------------------------------------------- the one episode scheduler (composer2.episodes)

@@ -229,3 +229,85 @@ def test_default_path_is_unchanged(tmp_path):
     _, t, streams, meta = stage_data('cpt', cfg)
     assert type(t) is Tokenizer and meta == {'init': cfg.init} and all((s == arr).all() for s in streams)
     assert not (tmp_path / 'out').exists()
+
+# --- agent_sft, serve (and rl's refusal) from a checkpoint that carries a pretrained tokenizer ---------------------------
+
+def test_agent_sft_trains_on_the_carried_tokenizers_chat_template(chain):
+    """The real agent_sft stage from cpt/ckpt: expert transcripts rendered by the carried tokenizer's template feed the
+    trainer, and its checkpoint carries the tokenizer on; rl and eval_rl (our chat format only) refuse it by name."""
+    import composer2.stages.agent_sft as A
+    from composer2.config import ConfigError
+    from composer2.stages import eval_rl as stage_eval_rl, rl as stage_rl
+    ws, ref = chain['ws'], chain['ref']
+    got, fed, real_enc, real_train = {}, [], A.encode_transcripts, A.train
+    def enc(tok, transcripts, L):
+        got.setdefault('transcripts', transcripts); got['L'] = L
+        return real_enc(tok, transcripts, L)
+    def spy(model, cfg, batch_fn, *a, **k):
+        fed.extend(batch_fn(s).x for s in range(cfg.steps))
+        return real_train(model, cfg, batch_fn, *a, **k)
+    params = _params(ws / 'params_agent.yaml',
+                     agent_sft=dict(init='cpt/ckpt', out_dir='agent_sft', tokenizer='no/such/tokenizer', n_train=2, n_heldout=1,
+                                    backend='local', workers=1, validate_heldout=False, max_turns=1, max_new_tokens=4,
+                                    eval_samples=0, eval_greedy=False, categories=['docs'], train={**TRAIN, 'seq_len': 128}),
+                     rl=dict(init='agent_sft/ckpt', tokenizer='no/such/tokenizer', out_dir='rl'),
+                     eval_rl=dict(sft_ckpt='agent_sft/ckpt', rl_ckpt='agent_sft/ckpt', tokenizer='no/such/tokenizer',
+                                  out_dir='eval_rl', threads=1))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ws); mp.setattr(A, 'encode_transcripts', enc); mp.setattr(A, 'train', spy)
+        m = A.run(params)
+        with pytest.raises(ConfigError, match='rl: the checkpoint carries a pretrained tokenizer'): stage_rl.run(params)
+        with pytest.raises(ConfigError, match='eval_rl: the checkpoint carries a pretrained tokenizer'): stage_eval_rl.run(params)
+    want = [list(ref.apply_chat_template([hf_message(x) for x in t], tokenize=True, return_dict=False))[:got['L']]
+            for t in got['transcripts']]
+    assert m['n_trajectories'] == 2 and all(w[0] == 70001 for w in want)          # <|im_start|>: the template's ids
+    rows = [r.tolist() for x in fed for r in x]
+    assert rows and all(any(r[:len(w) - 1] == w[:-1] and set(r[len(w) - 1:]) <= {70000} for w in want) for r in rows)
+    ck = ws / 'agent_sft' / 'ckpt'
+    assert (ck / 'tokenizer.json').read_bytes() == (chain['hfdir'] / 'tokenizer.json').read_bytes()
+    assert json.loads((ck / 'meta.json').read_text())['tokenizer'] == '.'
+
+def test_rollout_prompts_are_the_templates_generation_prompt(chain):
+    "GeneratePolicy with a pretrained tokenizer: the prompt is apply_chat_template(..., add_generation_prompt=True)."
+    import composer2.decoding as D
+    from composer2.curriculum import make_tasks, rollout
+    from composer2.tokenizer import stage_tokenizer
+    from composer2.train import load_model
+    model, meta = load_model(chain['ws'] / 'cpt' / 'ckpt')
+    tok, ref, prompts, real = stage_tokenizer('no/such/tokenizer', meta), chain['ref'], [], D.generate
+    def gen(model, p, **k):
+        prompts.extend(p); return real(model, p, **k)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(D, 'generate', gen)
+        eps = rollout(model, tok, make_tasks(1, 0, 'heldout', ['docs'], 0.0), 0.0, 1, 3, backend='local', max_len=100000)
+    from composer2.episodes import initial_messages
+    first = [hf_message(x) for x in initial_messages(make_tasks(1, 0, 'heldout', ['docs'], 0.0)[0])]
+    assert len(eps) == 1 and prompts[0] == list(ref.apply_chat_template(first, add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert tok.stop_ids == (70002,)
+
+def test_serve_uses_the_carried_tokenizer(chain, tmp_path):
+    "`composer2 serve sft/ckpt` (no --tokenizer) renders requests with the carried template; a different --tokenizer is refused."
+    import os, socket, subprocess, sys, time
+    openai = pytest.importorskip('openai')
+    from composer2.config import ConfigError
+    from composer2.serve import load_served
+    ck, ref = chain['ws'] / 'sft' / 'ckpt', chain['ref']
+    other = Tokenizer.train(['def f(x):\n    return x\n'] * 20, vocab_size=300); other.save(tmp_path / 'tokenizer.json')
+    with pytest.raises(ConfigError, match='differs from the one the checkpoint carries'): load_served(ck, tmp_path, 'cpu')
+    assert isinstance(load_served(ck, ck, 'cpu')[1], PretrainedTokenizer)          # naming the carried one is fine
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
+    env = {**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1]), 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': ''}
+    p = subprocess.Popen([sys.executable, '-m', 'composer2.cli', 'serve', str(ck), '--port', str(port), '--device', 'cpu'],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        c = openai.OpenAI(base_url=f'http://127.0.0.1:{port}/v1', api_key='EMPTY', max_retries=0, timeout=60)
+        for _ in range(600):
+            if p.poll() is not None: pytest.fail('serve exited: ' + p.stdout.read())
+            try: name = c.models.list().data[0].id; break
+            except openai.APIConnectionError: time.sleep(0.1)
+        msgs = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'def f(self): return self.x'}]
+        r = c.chat.completions.create(model=name, messages=msgs, max_tokens=3, temperature=0, extra_body={'ignore_eos': True})
+        want = ref.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert r.usage.prompt_tokens == len(want) and r.usage.completion_tokens == 3
+    finally:
+        p.terminate(); p.wait(10)

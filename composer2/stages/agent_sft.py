@@ -15,7 +15,7 @@ from ..curriculum_gen import make_tasks
 from ..sft import SFTSampler, completion_loss
 from . import live_dir, write_metrics
 from ..tasks import save_tasks
-from ..tokenizer import Tokenizer
+from ..tokenizer import Tokenizer, check_vocab, stage_tokenizer, tokenizer_meta
 from ..train import load_model, train
 
 # %% auto #0
@@ -56,8 +56,8 @@ def run(params: str = 'params.yaml') -> dict:
     cfg = load_section(AgentSFTConfig, 'agent_sft', params)
     t0 = time.time()
     if cfg.train.threads: torch.set_num_threads(cfg.train.threads)
-    tok = Tokenizer.load(cfg.tokenizer)
     model, meta = load_model(cfg.init)
+    tok = stage_tokenizer(cfg.tokenizer, meta); check_vocab(tok, model.cfg.vocab_size, f'agent_sft.init {cfg.init}')
     L = min(cfg.train.seq_len, model.cfg.max_seq_len) + 1
     out = Path(cfg.out_dir); out.mkdir(parents=True, exist_ok=True)
     write_resolved(cfg.out_dir, agent_sft=cfg)
@@ -76,7 +76,7 @@ def run(params: str = 'params.yaml') -> dict:
     metrics['heldout_loss_before'] = completion_loss(model, held_ex)
     hist = train(model, cfg.train, SFTSampler(train_ex, cfg.train.batch_size, tok.pad_id, cfg.train.seed), cfg.out_dir,
                  stage='agent_sft', eval_fn=lambda m: {'heldout_completion_loss': completion_loss(m, held_ex)},
-                 live_dir=live_dir('agent_sft'), meta={'init': cfg.init})
+                 live_dir=live_dir('agent_sft'), meta={'init': cfg.init, **tokenizer_meta(tok)})
     metrics.update(first_loss=hist['loss'][0], final_loss=hist['loss'][-1], heldout_loss_after=hist['eval'][-1]['heldout_completion_loss'],
                    train_tokens_per_s=hist['tokens_per_s'], train_s=hist['wall_s'], epochs=cfg.train.steps * cfg.train.batch_size / len(train_ex),
                    eval_curve=hist['eval'])

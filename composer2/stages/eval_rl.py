@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import load_section, write_resolved
-from ..tokenizer import Tokenizer
+from ..tokenizer import stage_tokenizer
 from ..rl_loss import measure_mismatch
 from ..rl_eval import (EvalRLConfig, heldout_jobs, validation_jobs, _eval_ckpt, heldout_summary, paired_difference, best_of_k_curve,
                                _real_bench)
@@ -50,7 +50,7 @@ def run(params: str = 'params.yaml') -> dict:
     for p in (cfg.sft_ckpt, cfg.rl_ckpt):
         if not (root / p / 'meta.json').exists(): raise FileNotFoundError(f'eval_rl: {p} is not a checkpoint')
     out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer.load(root / cfg.tokenizer)
+    tok = [stage_tokenizer(root / cfg.tokenizer, root / p, ours_only='eval_rl') for p in (cfg.sft_ckpt, cfg.rl_ckpt)][0]
     jobs, source, fac = heldout_jobs(cfg, root)
     from dvclive import Live
     live = Live(str(root / live_dir('eval_rl')), dvcyaml=None, save_dvc_exp=False, report=None)

@@ -13,7 +13,7 @@ from ..config import ConfigError, check, load_section, to_dict, write_resolved
 from ..lowp import PRECISIONS, LowpConfig, lowp_config
 from ..pretrain import PretrainConfig
 from . import live_dir, write_metrics
-from ..tokenizer import load_stream
+from ..tokenizer import stage_stream, stage_tokenizer, tokenizer_meta
 from ..train import WindowSampler, load_model, perplexity, read_meta, train
 
 # %% auto #0
@@ -66,7 +66,8 @@ def _arm_metrics(hist: dict, window: int) -> dict:
 # %% ../../nbs/8_stages/07_lowp.ipynb #c012
 def _train_arm(cfg: LowpStageConfig, arm: str, live_root) -> dict:
     "Train arm `arm` from `cfg.init` (in its own process when the arms run side by side) and return its metrics."
-    stream, val, held = load_stream(cfg.data), load_stream(cfg.val), load_stream(cfg.heldout)
+    tok = stage_tokenizer(None, cfg.init)     # the pretrained tokenizer init carries (its streams), None: ours' stage files
+    stream, val, held = (stage_stream(tok, p, cfg.corpus_dir, Path(cfg.out_dir) / 'tokens') for p in (cfg.data, cfg.val, cfg.heldout))
     L, out = cfg.train.seq_len, Path(cfg.out_dir)
     ev = lambda m: {'val_ppl': perplexity(m, val, L, cfg.train.eval_windows), 'heldout_ppl': perplexity(m, held, L, cfg.train.eval_windows)}
     model, _ = load_model(cfg.init, precision=arm)
@@ -74,7 +75,7 @@ def _train_arm(cfg: LowpStageConfig, arm: str, live_root) -> dict:
     with lowp_config(**asdict(cfg.quant)):
         hist = train(model, cfg.train, WindowSampler(stream, L, cfg.train.batch_size, cfg.train.seed), out / arm,
                      stage=f'lowp_{arm}', eval_fn=ev, live_dir=f'{live_root}/{arm}',
-                     meta={'init': cfg.init, 'lowp': asdict(cfg.quant)})
+                     meta={'init': cfg.init, 'lowp': asdict(cfg.quant), **tokenizer_meta(tok)})
         res = _arm_metrics(hist, cfg.final_window)
     if arm != 'high':                                   # the same weights served in high precision
         hp, _ = load_model(out / arm / 'ckpt', precision='high')

@@ -12,7 +12,7 @@ import numpy as np
 from ..config import load_section, write_resolved
 from ..curriculum import CATEGORIES, make_tasks
 from ..rewards import length_penalty
-from ..tokenizer import Tokenizer
+from ..tokenizer import stage_tokenizer
 from ..train import load_model
 from ..rl_rollout import harness_env_factory, curriculum_system, reward_config
 from ..rl import RLStageConfig, run_rl, category_counts
@@ -45,7 +45,7 @@ def run(params: str = 'params.yaml') -> dict:
     root = Path.cwd(); out = root / cfg.out_dir
     if not (root / cfg.init / 'meta.json').exists():
         raise FileNotFoundError(f'rl.init: {cfg.init} is not a checkpoint (run the agent_sft stage first)')
-    tok = Tokenizer.load(root / cfg.tokenizer)
+    tok = stage_tokenizer(root / cfg.tokenizer, root / cfg.init, ours_only='rl')     # the tokenizer init carries
     model, meta = load_model(root / cfg.init)
     tasks = make_tasks(cfg.n_train_tasks, cfg.task_seed, split='train', categories=cfg.categories or None)
     system = curriculum_system()
