@@ -21,12 +21,13 @@ from .rl_loss import *
 from .rl_transport import *
 from .rl_eval import *
 from .rl_rollout import Trajectory, RolloutConfig, ManualWeights, publishable_state, load_state_into
-from .rl_loss import Learner, LossConfig, EpochSampler, informative, measure_mismatch
+from .rl_loss import (Learner, LossConfig, EpochSampler, CategorySampler, sampler_from_state, informative,
+                               measure_mismatch)
 from .rl_transport import TRANSPORTS, WorkerSpec, build_rollout_model, rollout_groups
 
 # %% auto #0
-__all__ = ['RESUMABLE_CHANGES', 'WORKER_START_FAILURES', 'RLConfig', 'config_changes', 'RLRun', 'run_rl', 'RLStageConfig',
-           'category_counts']
+__all__ = ['RESUMABLE_CHANGES', 'WORKER_START_FAILURES', 'RLConfig', 'config_changes', 'make_sampler', 'RLRun', 'run_rl',
+           'RLStageConfig', 'category_counts']
 
 # %% ../nbs/7_rl/04_rl.ipynb #c006
 @dataclass
@@ -50,6 +51,7 @@ class RLConfig:
     mismatch_every: int = 5
     seed: int = 0
     filter_groups: bool = False      # skip groups whose task rewards are all equal (DAPO dynamic sampling); their prompts are used up
+    adaptive_categories: bool = False   # draw task categories in proportion to their running informative-group rate
     loss: LossConfig = field(default_factory=LossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     def __post_init__(self):
@@ -89,6 +91,14 @@ def config_changes(saved: dict, now: dict, prefix: str = '') -> list[str]:
         elif a != b: out.append(f'{key}: {a!r} -> {b!r}')
     return out
 
+def make_sampler(cfg: RLConfig, jobs: dict[str, dict]) -> EpochSampler:
+    "The run's single epoch over `jobs`: by category when `rl.adaptive_categories`, each prompt's from its job's task."
+    if not cfg.adaptive_categories: return EpochSampler(sorted(jobs), cfg.seed)
+    cats = {p: getattr(j.get('task'), 'category', None) for p, j in jobs.items()}
+    bad = [p for p, c in cats.items() if not c]
+    check(not bad, f'rl.adaptive_categories needs a task category for every prompt; {len(bad)} have none, e.g. {bad[:3]}')
+    return CategorySampler(sorted(jobs), cats, cfg.seed)
+
 # %% ../nbs/7_rl/04_rl.ipynb #c008
 WORKER_START_FAILURES = 3      # a worker that dies this many times in a row without finishing a job stops the run
 
@@ -107,7 +117,7 @@ class RLRun:
             self.tr = TRANSPORTS['local'](); self.tr.launch(self.spec, cfg.n_workers, publishable_state(model))
         try:
             self.learner = Learner(model, cfg.loss)
-            self.sampler = EpochSampler(sorted(jobs_by_prompt), cfg.seed)
+            self.sampler = make_sampler(cfg, jobs_by_prompt)
             self.hist = {'steps': [], 'staleness': [], 'dropped_stale': 0, 'skipped_groups': 0, 'restarts': 0, 'errors': [],
                          'mismatch': []}
             if (self.ckpt / 'meta.json').exists(): self._resume(model)
@@ -128,7 +138,7 @@ class RLRun:
                               f'resuming would mix two runs: restore those parameters, or move {self.out_dir} away to start over')
         load_weights(model, self.ckpt / 'model.safetensors')
         self.learner.opt.load_state_dict(torch.load(self.ckpt / 'optimizer.pt', weights_only=True)['optimizer'])
-        self.learner.version = int(m['step']); self.sampler = EpochSampler.from_state(m['sampler']); self.hist = m['history']
+        self.learner.version = int(m['step']); self.sampler = sampler_from_state(m['sampler']); self.hist = m['history']
         self.hist.setdefault('skipped_groups', 0)
         self.hist['resumed_from'] = self.learner.version
 
@@ -139,7 +149,7 @@ class RLRun:
 
     def admit(self, group) -> bool:
         "Record a finished group; with `filter_groups`, an uninformative one uses up its prompt and is not trained on."
-        self.seen.append(group)
+        self.seen.append(group); self.sampler.observe(group[0].prompt_id, informative(group))
         if self.cfg.filter_groups and not informative(group):
             self.hist['skipped_groups'] += 1; self.sampler.mark_skipped([group[0].prompt_id]); return False
         return True
@@ -335,9 +345,13 @@ class RLStageConfig(RLConfig):
         check(len(set(self.categories)) == len(self.categories), f'rl.categories lists a category twice: {self.categories}')
 
 def category_counts(sampler_state: dict, jobs: dict) -> dict:
-    "Per training category: prompts trained on, prompts skipped as uninformative, and the informative fraction."
+    """Per training category: prompts trained on, prompts skipped as uninformative, the informative fraction, and (with
+    `rl.adaptive_categories`) the final draw weight, the posterior mean of that fraction."""
     out = collections.defaultdict(lambda: {'trained': 0, 'skipped': 0})
     for kind in ('trained', 'skipped'):
         for pid in sampler_state.get(kind, []):
             if pid in jobs: out[jobs[pid]['task'].category][kind] += 1
-    return {c: {**v, 'informative_frac': v['trained'] / max(1, v['trained'] + v['skipped'])} for c, v in sorted(out.items())}
+    res = {c: {**v, 'informative_frac': v['trained'] / max(1, v['trained'] + v['skipped'])} for c, v in sorted(out.items())}
+    for c, (i, n) in sampler_state.get('stats', {}).items():
+        if c in res: res[c]['draw_weight'] = (i + 1) / (n + 2)
+    return res

@@ -16,7 +16,7 @@ from .rl_rollout import NO_ROUTE, Segment, Trajectory
 
 # %% auto #0
 __all__ = ['segment_batch', 'token_logprobs', 'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch',
-           'LossConfig', 'Learner', 'EpochSampler', 'measure_mismatch']
+           'LossConfig', 'Learner', 'EpochSampler', 'CategorySampler', 'sampler_from_state', 'measure_mismatch']
 
 # %% ../nbs/7_rl/01_rl_loss.ipynb #c005
 def segment_batch(segs: list[Segment], n_moe_layers: int, top_k: int):
@@ -160,13 +160,16 @@ class EpochSampler:
         self.order = list(prompt_ids); random.Random(seed).shuffle(self.order)
         self.cursor, self.requeued, self.trained, self.out, self.skipped = 0, collections.deque(), set(), set(), set()
     def has_next(self) -> bool: return bool(self.requeued) or self.cursor < len(self.order)
+    def _draw(self) -> str:
+        if self.cursor >= len(self.order): raise StopIteration('the single epoch is exhausted: every prompt has been used')
+        self.cursor += 1; return self.order[self.cursor - 1]
     def next(self) -> str:
-        if self.requeued: pid = self.requeued.popleft()
-        elif self.cursor < len(self.order): pid = self.order[self.cursor]; self.cursor += 1
-        else: raise StopIteration('the single epoch is exhausted: every prompt has been used')
+        pid = self.requeued.popleft() if self.requeued else self._draw()
         assert pid not in self.trained, f'prompt {pid} was already trained on (single epoch)'
         assert pid not in self.skipped, f'prompt {pid} was already used (its group was skipped as uninformative)'
         self.out.add(pid); return pid
+    def observe(self, pid: str, informative: bool):
+        "A finished group's outcome (the plain epoch ignores it; `CategorySampler` weighs categories by it)."
     def requeue(self, pid: str):
         "A handed-out prompt that will not be trained on (lost or dropped) goes back to the front."
         self.out.discard(pid)
@@ -190,6 +193,48 @@ class EpochSampler:
         s.requeued, s.trained, s.out = collections.deque(st['requeued']), set(st['trained']), set()
         s.skipped = set(st.get('skipped', []))
         return s
+
+# %% ../nbs/7_rl/01_rl_loss.ipynb #c018b
+class CategorySampler(EpochSampler):
+    "A single epoch that draws categories in proportion to their running informative-group rate (Beta(1, 1) mean)."
+    def __init__(self, prompt_ids: list[str], strata: dict[str, str], seed: int = 0):
+        super().__init__(prompt_ids, seed)
+        missing = [p for p in self.order if p not in strata]
+        if missing: raise ValueError(f'{len(missing)} prompts have no stratum (category), e.g. {missing[:3]}')
+        self.strata = {p: strata[p] for p in self.order}
+        ks = sorted(set(self.strata.values()))
+        self.stats, self.credit, self.pos = {k: [0, 0] for k in ks}, {k: 0.0 for k in ks}, {k: 0 for k in ks}
+        self._queues()
+    def _queues(self):
+        self.queues = {k: [p for p in self.order if self.strata[p] == k] for k in self.stats}
+    def weight(self, k: str) -> float:
+        "Posterior mean of category `k`'s informative-group rate: (informative + 1) / (observed + 2)."
+        i, n = self.stats[k]; return (i + 1) / (n + 2)
+    def _live(self) -> list[str]: return [k for k in self.stats if self.pos[k] < len(self.queues[k])]
+    def has_next(self) -> bool: return bool(self.requeued) or bool(self._live())
+    def _draw(self) -> str:
+        live = self._live()
+        if not live: raise StopIteration('the single epoch is exhausted: every prompt has been used')
+        tot = sum(self.weight(k) for k in live)
+        for k in live: self.credit[k] += self.weight(k) / tot       # smooth weighted round-robin
+        k = max(live, key=lambda k: self.credit[k]); self.credit[k] -= 1.0
+        self.pos[k] += 1; self.cursor += 1
+        return self.queues[k][self.pos[k] - 1]
+    def observe(self, pid: str, informative: bool):
+        s = self.stats[self.strata[pid]]; s[0] += int(bool(informative)); s[1] += 1
+    def state(self) -> dict:
+        return {**super().state(), 'strata': self.strata, 'stats': self.stats, 'credit': self.credit, 'pos': self.pos}
+    @classmethod
+    def from_state(cls, st: dict) -> 'CategorySampler':
+        s = super().from_state(st); s.strata = dict(st['strata'])
+        s.stats = {k: list(v) for k, v in st['stats'].items()}
+        s.credit, s.pos = {k: float(v) for k, v in st['credit'].items()}, {k: int(v) for k, v in st['pos'].items()}
+        s._queues(); return s
+
+def sampler_from_state(st: dict) -> EpochSampler:
+    "The sampler a checkpoint saved: a `CategorySampler` when its state has category counts, else the plain epoch."
+    return (CategorySampler if 'stats' in st else EpochSampler).from_state(st)
+
 
 # %% ../nbs/7_rl/01_rl_loss.ipynb #c020
 def measure_mismatch(model, groups, version: int) -> dict:

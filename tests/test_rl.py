@@ -372,6 +372,30 @@ def test_uninformative_groups_are_skipped_and_their_prompts_used_up(setup, tmp_p
     with pytest.raises(AssertionError, match='used'): s2.mark_skipped([sorted(skipped)[0]])
 
 
+def test_adaptive_categories_draw_the_informative_category_more_and_resume_exactly(setup, tmp_path):
+    # Category 'flat' never yields an informative group, 'varied' always does. The plain epoch draws both alike; the
+    # adaptive one learns from the run's own groups to draw 'varied' more, so fewer generated groups are wasted.
+    from types import SimpleNamespace as NS
+    tok, codec, model = setup
+    jobs = {f'p{i:02d}': {'flat': i % 2 == 0, 'task': NS(category='flat' if i % 2 == 0 else 'varied')} for i in range(40)}
+    def run(adaptive, d, steps=6):
+        cfg = _cfg(n_train_tasks=40, steps=steps, groups_per_step=1, backend='sync', filter_groups=True, ckpt_every=1,
+                   adaptive_categories=adaptive)
+        return R.run_rl(cfg, copy.deepcopy(model), tok.hf.to_str(), jobs, _flat_or_varied, d)
+    plain, adaptive = run(False, tmp_path / 'plain'), run(True, tmp_path / 'adaptive')
+    assert plain['skipped_groups'] >= 4 and adaptive['skipped_groups'] <= plain['skipped_groups'] - 2, \
+        (plain['skipped_groups'], adaptive['skipped_groups'])
+    st = R.read_meta(tmp_path / 'adaptive' / 'ckpt')['sampler']
+    assert st['stats']['varied'][0] == st['stats']['varied'][1] == 6 and st['stats']['flat'][0] == 0
+    s = R.sampler_from_state(st)
+    assert isinstance(s, R.CategorySampler) and s.weight('varied') > s.weight('flat') > 0
+    half = run(True, tmp_path / 'resumed', steps=3); whole = run(True, tmp_path / 'resumed', steps=6)   # resume at step 3
+    st2 = R.read_meta(tmp_path / 'resumed' / 'ckpt')['sampler']
+    assert st2['stats'] == st['stats'] and st2['trained'] == st['trained'] and st2['skipped'] == st['skipped']
+    with pytest.raises(R.ConfigError, match='adaptive_categories needs a task category'):
+        R.make_sampler(_cfg(adaptive_categories=True), JOBS)          # JOBS carry no task
+
+
 @pytest.mark.parametrize('backend', ['sync', 'local'])
 def test_an_epoch_used_up_by_filtering_stops_with_a_clear_error_and_keeps_progress(setup, tmp_path, backend):
     # 3 informative prompts in 12: step 1 trains on 2 of them, then no batch of 2 can be filled. The loop must stop

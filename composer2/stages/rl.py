@@ -35,6 +35,7 @@ def train_metrics(cfg: RLStageConfig, hist: dict, seconds: float) -> dict:
             'reward_last_quarter': float(np.mean([s['reward_mean'] for s in last])),
             'staleness_hist': hist['staleness'], 'dropped_stale': hist['dropped_stale'], 'restarts': hist['restarts'],
             'skipped_groups': hist.get('skipped_groups', 0), 'filter_groups': cfg.filter_groups,
+            'adaptive_categories': cfg.adaptive_categories,
             'mismatch': hist['mismatch'], 'errors': len(hist['errors']), 'categories': cfg.categories or list(CATEGORIES),
             'curve': [{k: s.get(k) for k in CURVE_KEYS} for s in steps]}
 
