@@ -13,13 +13,14 @@ from .config import ConfigError, check
 from .io import sha256_text
 
 # %% auto #0
-__all__ = ['DEFAULT_RESERVED', 'SKIP_DIRS', 'DataConfig', 'Doc', 'stdlib_dir', 'iter_code', 'iter_prose', 'minhash', 'dedup',
-           'exclusions_for', 'build_corpus', 'write_docs', 'read_docs']
+__all__ = ['DEFAULT_RESERVED', 'RESERVED_PACKAGES', 'SKIP_DIRS', 'DataConfig', 'Doc', 'stdlib_dir', 'iter_code', 'iter_prose',
+           'minhash', 'dedup', 'exclusions_for', 'reserved_package', 'build_corpus', 'write_docs', 'read_docs']
 
 # %% ../nbs/2_data/00_data.ipynb #c005
 DEFAULT_RESERVED = ['textwrap', 'colorsys', 'fnmatch', 'shlex', 'graphlib', 'fractions', 'difflib', 'calendar',
                     'ipaddress', 'string', 'getopt', 'netrc', 'pprint', 'reprlib', 'sched', 'copy', 'linecache',
                     'quopri', 'tomllib', 'html', 'configparser', 'plistlib']
+RESERVED_PACKAGES = ['cachetools', 'more_itertools']   # ReserveBench v2's pinned sdists (params tasks_v2.sdists)
 SKIP_DIRS = ['test', 'idlelib', 'tkinter', 'turtledemo', 'lib2to3', 'site-packages', 'ensurepip', 'pydoc_data',
              '__pycache__', 'venv']
 
@@ -34,6 +35,7 @@ class DataConfig:
     general_code_fraction: float = 0.25          # share of code (by bytes) in the general mix
     heldout_modules: list[str] = field(default_factory=lambda: ['email', 'json'])
     reserved_modules: list[str] = field(default_factory=lambda: list(DEFAULT_RESERVED))
+    reserved_packages: list[str] = field(default_factory=lambda: list(RESERVED_PACKAGES))   # third-party packages reserved from every source
     val_fraction: float = 0.03                   # of the code training files, for validation loss
     near_dup_threshold: float = 0.8              # MinHash Jaccard estimate at which a file is a near duplicate
     minhash_perms: int = 64
@@ -151,7 +153,18 @@ def exclusions_for(cfg: DataConfig, root: Path | None = None) -> dict:
         if not cands: raise ConfigError(f"data.reserved_modules: '{m}' is not a module of the standard library at {root}")
         files += [{'path': str(p.relative_to(root)), 'sha256': sha256_text(p.read_text(encoding='utf-8'))} for p in cands]
     return {'stdlib_dir': str(root), 'reserved_modules': list(cfg.reserved_modules), 'excluded_dirs': ['test'],
-            'files': files}
+            'reserved_packages': list(cfg.reserved_packages), 'files': files}
+
+def _norm_pkg(s: str) -> str: return re.sub(r'[-_.]+', '_', s).lower()
+
+def reserved_package(path: str, packages) -> str | None:
+    """The reserved package a code file belongs to, from any source: a path part named after it (`more_itertools/more.py`,
+    `site-packages/cachetools/__init__.py`, a single-file `cachetools.py`, an unpacked sdist `more-itertools-10.5.0/...`)."""
+    want = {_norm_pkg(p): p for p in packages}
+    for part in Path(path).parts:
+        stem = part[:-3] if part.endswith('.py') else re.sub(r'-\d[\w.]*$', '', part)
+        if _norm_pkg(stem) in want: return want[_norm_pkg(stem)]
+    return None
 
 def build_corpus(cfg: DataConfig) -> tuple[dict[str, list[Doc]], dict, dict]:
     "Returns (splits, exclusions, stats)."
@@ -159,10 +172,12 @@ def build_corpus(cfg: DataConfig) -> tuple[dict[str, list[Doc]], dict, dict]:
     code = iter_code(stdlib_dir(), 'stdlib', cfg.max_file_bytes, SKIP_DIRS) if cfg.stdlib else []
     for d in cfg.code_dirs: code += iter_code(Path(d), d, cfg.max_file_bytes)
     if not code: raise ConfigError("data: no code found (stdlib is off and code_dirs is empty)")
-    excl = exclusions_for(cfg) if cfg.stdlib else {'reserved_modules': [], 'files': []}
+    excl = exclusions_for(cfg) if cfg.stdlib else {'reserved_modules': [], 'reserved_packages': list(cfg.reserved_packages), 'files': []}
     reserved = set(cfg.reserved_modules)
     n_reserved = sum(d.module in reserved for d in code if d.source == 'stdlib')
-    code = [d for d in code if not (d.source == 'stdlib' and d.module in reserved)]
+    pkg = lambda d: reserved_package(d.path if d.source == 'stdlib' else f'{d.source}/{d.path}', cfg.reserved_packages)
+    n_pkg = sum(pkg(d) is not None for d in code)
+    code = [d for d in code if not (d.source == 'stdlib' and d.module in reserved) and pkg(d) is None]
     missing = set(cfg.heldout_modules) - {d.module for d in code}
     if missing: raise ConfigError(f"data.heldout_modules: no source found for {sorted(missing)}")
     n_raw = len(code)
@@ -185,9 +200,10 @@ def build_corpus(cfg: DataConfig) -> tuple[dict[str, list[Doc]], dict, dict]:
     rng.shuffle(general)
     splits = {'general': general, 'code_train': train, 'code_val': val, 'heldout': held}
     # contamination guard: no reserved or held-out file may sit in a training split
-    bad = [d.path for s in ('general', 'code_train', 'code_val') for d in splits[s] if d.module in reserved | set(cfg.heldout_modules)]
+    bad = [d.path for s in ('general', 'code_train', 'code_val') for d in splits[s]
+           if d.module in reserved | set(cfg.heldout_modules) or pkg(d)]
     assert not bad, f"split leak: {bad[:5]}"
-    stats = {'raw_code_files': n_raw, 'reserved_files_removed': n_reserved, **dstats,
+    stats = {'raw_code_files': n_raw, 'reserved_files_removed': n_reserved, 'reserved_package_files_removed': n_pkg, **dstats,
              'prose_duplicates_removed': sum(pst.values()) if pst else 0,
              'splits': {k: {'files': len(v), 'bytes': sum(len(d.text.encode()) for d in v)} for k, v in splits.items()}}
     return splits, excl, stats

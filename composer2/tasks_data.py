@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .io import sha256_file, sha256_text
+from .data import RESERVED_PACKAGES
 
 # %% auto #0
 __all__ = ['DEFAULT_RESERVED', 'CATEGORIES', 'HIDDEN', 'TaskError', 'stdlib_dir', 'stdlib_test_dir', 'module_files',
@@ -61,7 +62,7 @@ def default_exclusions(reserved=None, root=None) -> dict:
     for m in reserved:
         for rel in module_files(m, root) + module_test_files(m, root):
             files.append({'path': rel, 'sha256': sha256_file(root / rel)})
-    return {'stdlib_dir': str(root), 'reserved_modules': reserved, 'files': files}
+    return {'stdlib_dir': str(root), 'reserved_modules': reserved, 'reserved_packages': list(RESERVED_PACKAGES), 'files': files}
 
 def load_exclusions(path) -> dict:
     "Read and check an `exclusions.json`; a clear error names what is wrong."

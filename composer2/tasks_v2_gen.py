@@ -125,7 +125,7 @@ def _pyfiles(repo, min_lines=40):
 def _pick(rng, seq, k): return rng.sample(seq, min(k, len(seq)))
 
 # %% ../nbs/6_harness/15_tasks_v2_gen.ipynb #c013
-def gen_feature_class(repo: Repo, rng, n: int = 2, lo: int = 60, hi: int = 450) -> list[Task]:
+def gen_feature_class(repo: Repo, rng, n: int = 2, lo: int = 90, hi: int = 450) -> list[Task]:
     "Every method of one class stubbed (signatures and docstrings kept): implement the class again."
     cands = []
     for rel in _pyfiles(repo):
@@ -145,11 +145,11 @@ def gen_feature_class(repo: Repo, rng, n: int = 2, lo: int = 60, hi: int = 450) 
                         **repo.base(files={**repo.files, rel: text}, metadata={'template': 'feature_class', 'functions': names, 'kinds': ['feature_class']})))
     return out
 
-def gen_feature_funcs(repo: Repo, rng, n: int = 2, min_total: int = 80, max_total: int = 320) -> list[Task]:
-    "The bodies of several documented functions of one file stubbed until 80+ lines are gone: implement them."
-    out = []
+def gen_feature_funcs(repo: Repo, rng, n: int = 2, min_total: int = 100, max_total: int = 320, passes: int = 4) -> list[Task]:
+    "The bodies of several documented functions of one file stubbed until 100+ lines are gone: implement them (up to `passes` different picks per file)."
+    out, seen = [], set()
     files = _pyfiles(repo, 120); rng.shuffle(files)
-    for rel in files:
+    for rel in files * passes:
         if len(out) >= n: break
         text = repo.files[rel]; lines = text.splitlines(keepends=True)
         fs = [(q, fn) for q, fn, _ in _defs(ast.parse(text)) if isinstance(fn, ast.FunctionDef) and not fn.name.startswith('__')
@@ -159,8 +159,9 @@ def gen_feature_funcs(repo: Repo, rng, n: int = 2, min_total: int = 80, max_tota
             e = _stub_edit(lines, q, fn); k = e.end[0] - e.start[0]
             if tot + k > max_total: continue
             pick.append((q, fn)); tot += k
-            if tot >= min_total or len(pick) >= 8: break
-        if tot < min_total * 0.6 or len(pick) < 2: continue
+            if tot >= min_total or len(pick) >= 12: break
+        if tot < min_total or len(pick) < 2 or (rel, frozenset(q for q, _ in pick)) in seen: continue
+        seen.add((rel, frozenset(q for q, _ in pick)))
         r = _stub(text, pick)
         if not r: continue
         lst = ', '.join(f'`{x}`' for x in r[1][:6]) + (' and more' if len(r[1]) > 6 else '')
@@ -254,7 +255,7 @@ def _new_rel(repo, rel, tag):
     return f"{rel.rsplit('/', 1)[0]}/_{tag}.py" if '/' in rel else f"{Path(rel).stem}_{tag}.py"
 
 # %% ../nbs/6_harness/15_tasks_v2_gen.ipynb #c017
-def gen_move_class(repo: Repo, rng, n: int = 2, lo: int = 40) -> list[Task]:
+def gen_move_class(repo: Repo, rng, n: int = 2, lo: int = 90) -> list[Task]:
     "Move one big class into a new module of its own, keeping every import of it working."
     cands = []
     for rel in _pyfiles(repo, 80):
@@ -276,20 +277,21 @@ def gen_move_class(repo: Repo, rng, n: int = 2, lo: int = 40) -> list[Task]:
                                     metadata={'template': 'move_class', 'moved': [cname], 'new_module': nm, 'kinds': ['move_class']})))
     return out
 
-def gen_split_module(repo: Repo, rng, n: int = 2, min_lines: int = 100) -> list[Task]:
-    "Move a group of 3-8 public functions (60+ lines) into a new module, re-exported by the old one."
+def gen_split_module(repo: Repo, rng, n: int = 2, min_lines: int = 100, passes: int = 4) -> list[Task]:
+    "Move a group of 3-12 public functions and classes (`min_lines`+ lines) into a new module, re-exported by the old one."
     out = []
     files = _pyfiles(repo, 150); rng.shuffle(files)
-    for rel in files * 2:
+    for rel in files * passes:
         if len(out) >= n: break
         tree = ast.parse(repo.files[rel])
         used = _module_level_loads(tree, set())
-        fs = [f for f in tree.body if isinstance(f, ast.FunctionDef) and not f.name.startswith('_') and f.name not in used]
+        fs = [f for f in tree.body if isinstance(f, (ast.FunctionDef, ast.ClassDef)) and not f.name.startswith('_') and f.name not in used]
         if len(fs) < 4: continue
         i = rng.randrange(len(fs)); pick = []
         for f in fs[i:] + fs[:i]:
             pick.append(f.name)
-            if sum(g.end_lineno - g.lineno + 1 for g in fs if g.name in pick) >= min_lines and len(pick) >= 3 or len(pick) >= 8: break
+            if sum(g.end_lineno - g.lineno + 1 for g in fs if g.name in pick) >= min_lines and len(pick) >= 3 or len(pick) >= 12: break
+        if sum(g.end_lineno - g.lineno + 1 for g in fs if g.name in pick) < min_lines: continue
         tag = pick[0].lower().strip('_')[:20] + '_tools'
         new_rel = _new_rel(repo, rel, tag)
         if new_rel in repo.files or any(t.solution.get(new_rel) for t in out): continue
@@ -411,14 +413,18 @@ def gen_docs_class(repo: Repo, rng, n: int = 2, min_lines: int = 50) -> list[Tas
         if (t := _docs_task(repo, rel, g, 'docs_class', p)) and changed_lines_v2(t.gold_patch) >= min_lines: out.append(t)
     return out
 
-def gen_docs_api(repo: Repo, rng, n: int = 2, k=(8, 20), min_lines: int = 100) -> list[Task]:
-    "8-14 public functions/methods of a big module without docstrings."
-    out = []
-    for rel in _pick(rng, [r for r in _pyfiles(repo) if len(_doc_targets(repo.files[r])) >= k[0]], n):
+def gen_docs_api(repo: Repo, rng, n: int = 2, k=(8, 30), min_lines: int = 100, passes: int = 4) -> list[Task]:
+    "8-30 public functions/methods of a big module (`min_lines`+ docstring lines) without docstrings; up to `passes` picks per file."
+    out, seen = [], set()
+    files = [r for r in _pyfiles(repo) if len(_doc_targets(repo.files[r])) >= k[0]]; rng.shuffle(files)
+    for rel in files * passes:
+        if len(out) >= n: break
         ts = _doc_targets(repo.files[rel]); rng.shuffle(ts); pick, tot = [], 0
         for q, d in ts:
             pick.append((q, d)); tot += d.end_lineno - d.lineno + 1
             if len(pick) >= k[0] and tot >= min_lines or len(pick) >= k[1]: break
+        if tot < min_lines or (rel, frozenset(q for q, _ in pick)) in seen: continue
+        seen.add((rel, frozenset(q for q, _ in pick)))
         lst = ', '.join(f'`{q}`' for q, _ in sorted(pick)[:5])
         p = rng.choice([f"Our generated docs for {area(repo.name)} have holes: {lst} and several others show no description. Find every public function in that module that lacks a docstring and write one. Don't change behaviour.",
                         f"Docs pass needed: a number of public functions in {area(repo.name)} ({lst}, ...) have no docstring. Add clear ones for all of them, code unchanged."])

@@ -3,7 +3,7 @@ import json
 import numpy as np, pytest
 from composer2.chat import SPECIAL_TOKENS, Message, ToolCall, encode_chat, render
 from composer2.config import ConfigError
-from composer2.data import DataConfig, Doc, build_corpus, dedup, exclusions_for, read_docs, stdlib_dir, write_docs
+from composer2.data import DataConfig, Doc, build_corpus, dedup, exclusions_for, read_docs, reserved_package, stdlib_dir, write_docs
 from composer2.tokenizer import Tokenizer, encode_stream, load_stream, save_stream
 
 @pytest.fixture(scope='module')
@@ -28,6 +28,26 @@ def test_exclusion_hashes_match_the_files():
     for f in ex['files'][:5]:
         assert hashlib.sha256((stdlib_dir() / f['path']).read_text(encoding='utf-8').encode()).hexdigest() == f['sha256']
     with pytest.raises(ConfigError, match="'nosuchmod' is not a module"): exclusions_for(DataConfig(reserved_modules=['nosuchmod']))
+
+def test_reserved_sdist_packages_stay_out_of_every_split(tmp_path):
+    "ReserveBench v2's sdists (cachetools, more_itertools) never reach a corpus, wherever their files are found."
+    site = tmp_path / 'site-packages'
+    files = {'cachetools/__init__.py': 'class LRUCache:\n    "cachetools copy"\n', 'cachetools/func.py': 'def lru_cache(): return 1\n',
+             'more_itertools/more.py': 'def chunked(it, n):\n    return list(it)\n', 'more_itertools.py': 'X = 1\n'}
+    files.update({f'pkg{i}/mod.py': f'def f{i}(x):\n    return x * {i} + {i * i}  # distinct {i}\n' for i in range(6)})
+    for rel, t in files.items(): (site / rel).parent.mkdir(parents=True, exist_ok=True); (site / rel).write_text(t)
+    whole = tmp_path / 'cachetools'; whole.mkdir(); (whole / 'keys.py').write_text('def hashkey(*a):\n    return a\n')
+    cfg = DataConfig(stdlib=False, code_dirs=[str(site), str(whole)], heldout_modules=[], reserved_modules=[], prose_dirs=[], prose_max_bytes=0)
+    splits, excl, stats = build_corpus(cfg)
+    seen = {(d.source, d.path) for v in splits.values() for d in v if d.source != 'prose'}
+    assert excl['reserved_packages'] == ['cachetools', 'more_itertools'] and stats['reserved_package_files_removed'] == 5
+    assert seen and not any('cachetools' in s + p or 'more_itertools' in p for s, p in seen)
+    assert reserved_package('more-itertools-10.5.0/more_itertools/recipes.py', ['more_itertools']) == 'more_itertools'
+    assert reserved_package('cachetools-5.5.0/tests/test_lru.py', ['cachetools']) == 'cachetools'
+    assert reserved_package('cachetoolsx/mod.py', ['cachetools']) is None
+    from composer2.tasks_data import default_exclusions
+    assert default_exclusions(['fnmatch'])['reserved_packages'] == ['cachetools', 'more_itertools']
+
 
 def test_bad_data_config():
     with pytest.raises(ConfigError, match='both held out and reserved'): DataConfig(heldout_modules=['json'], reserved_modules=['json'])

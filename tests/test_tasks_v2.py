@@ -59,6 +59,17 @@ def test_every_template_generates_large_short_prompted_candidates(tmp_path):
     big = ['feature_class', 'feature_funcs', 'feature_module', 'move_class', 'split_module', 'docs_module', 'docs_api', 'tests_module']
     assert all(min(seen[t]) >= 60 for t in big), {t: seen[t] for t in big}
 
+
+def test_large_templates_make_several_candidates_per_file_all_of_100_lines_or_more():
+    "The templates that carry the set's median: several different picks from one file, each a 100+ line gold change."
+    for m in ('difflib', 'configparser', 'calendar'):
+        r = V.Repo.from_stdlib(m)
+        for gen in (V.gen_feature_funcs, V.gen_docs_api, V.gen_split_module, V.gen_move_class, V.gen_feature_class):
+            cs = gen(r, random.Random(0), 6)
+            assert all(V.changed_lines_v2(t.gold_patch) >= 100 for t in cs), (m, gen.__name__)
+            assert len({json.dumps([t.files, t.solution], sort_keys=True) for t in cs}) == len(cs)
+        assert len(V.gen_feature_funcs(r, random.Random(0), 6)) >= 3 and len(V.gen_docs_api(r, random.Random(0), 6)) >= 3
+
 def test_move_keeps_the_old_module_importable_and_refuses_module_level_uses():
     r = V.Repo.from_stdlib('textwrap')
     gold = V._move(r, 'textwrap.py', ['shorten', 'indent'], 'textwrap_extra.py')

@@ -79,6 +79,8 @@ def run_v2(params: str = 'params.yaml') -> dict:
     exc, exc_src = (load_exclusions(exc_path), str(cfg.exclusions)) if exc_path.exists() else (default_exclusions(), 'default_exclusions()')
     not_res = [m for m in cfg.modules if m not in exc['reserved_modules']]
     if not_res: raise ConfigError(f"tasks_v2.modules: {not_res} are not reserved in {exc_src}")
+    not_pkg = [s.package for s in cfg.sdists if s.package not in exc.get('reserved_packages', [])]
+    if not_pkg: raise ConfigError(f"tasks_v2.sdists: {not_pkg} are not in reserved_packages of {exc_src} (data.reserved_packages; rerun the data stage)")
     out_dir = root / cfg.out_dir; out_dir.mkdir(parents=True, exist_ok=True)
     log = lambda s: print(s, file=sys.stderr)
     repos, sources = make_repos(cfg, out_dir / 'sdists')
