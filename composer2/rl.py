@@ -4,18 +4,19 @@
 
 # %% ../nbs/7_rl/04_rl.ipynb #c002
 from __future__ import annotations
-import collections, time
+import collections, datetime, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from .config import ConfigError, check, to_dict
 from .model import Transformer
-from .train import save_checkpoint, load_weights, read_meta
+from .train import save_checkpoint, load_weights, read_meta, _dist_info, _broadcast
 from .rl_rollout import *
 from .rl_loss import *
 from .rl_transport import *
@@ -27,7 +28,7 @@ from .rl_transport import TRANSPORTS, WorkerSpec, build_rollout_model, rollout_g
 
 # %% auto #0
 __all__ = ['RESUMABLE_CHANGES', 'WORKER_START_FAILURES', 'RLConfig', 'config_changes', 'make_sampler', 'RLRun', 'run_rl',
-           'RLStageConfig', 'category_counts']
+           'dp_step_check', 'RLStageConfig', 'category_counts']
 
 # %% ../nbs/7_rl/04_rl.ipynb #c006
 @dataclass
@@ -128,6 +129,7 @@ class RLRun:
         self.live, self.seen, self.bar, self.progress = None, [], None, live_dir is not None   # progress bar: stage runs     # seen: every finished (not stale) group since the last step, skipped ones too
         self.idle, self.busy, self.gen_tokens, self.samples, self.gen_s, self.worker_start_s = 0.0, 0.0, 0, 0, 0.0, None
         self.next_gid = max([0] + [s.get('next_gid', 0) for s in self.hist['steps'][-1:]])
+        self.dp = self.in_step = False     # data-parallel rank 0 (`run_rl` under torchrun); inside a step's collectives
 
     def _resume(self, model):
         m = read_meta(self.ckpt)
@@ -181,7 +183,8 @@ def _train_on(self: RLRun, groups, wait_s: float) -> dict:
     t0 = time.time()
     version = learner.version
     mm = measure_mismatch(learner.model, groups, version) if cfg.mismatch_every and version % cfg.mismatch_every == 0 else None
-    st = learner.step(groups)
+    if self.dp: _broadcast(('step', groups)); self.in_step = True      # the other ranks step on the same groups
+    st = learner.step(groups); self.in_step = False
     self.sampler.mark_trained([g[0].prompt_id for g in groups])
     learner.model.eval(); state = publishable_state(learner.model); learner.model.train()
     dt = time.time() - t0; self.busy += dt
@@ -329,8 +332,53 @@ def run_rl(cfg: RLConfig, model: Transformer, tokenizer_json: str, jobs_by_promp
            out_dir, live_dir=None, stop_after: int | None = None, on_event: Callable | None = None, meta: dict | None = None) -> dict:
     """Train `model` with asynchronous RL over the prompts of `jobs_by_prompt` (prompt id -> job payload). Resumes from
     `out_dir/ckpt` (weights, optimiser, sampler position); logs dvclive curves to `live_dir` (None: none).
-    `on_event(kind, info, transport)` is a test hook."""
+    `on_event(kind, info, transport)` is a test hook. Under torchrun (world > 1) every rank calls it: see `_run_dp`."""
+    if _dist_info()[1] > 1: return _run_dp(cfg, model, tokenizer_json, jobs_by_prompt, env_factory, out_dir, live_dir, stop_after,
+                                           on_event, meta)
     return RLRun(cfg, model, tokenizer_json, jobs_by_prompt, env_factory, out_dir, live_dir, stop_after, on_event, meta).run()
+
+# %% ../nbs/7_rl/04_rl.ipynb #c020b
+def _learner_state(l: Learner) -> dict:
+    return {'model': l.model.state_dict(), 'opt': l.opt.state_dict(), 'version': l.version,
+            'ref': None if l.ref is None else l.ref.state_dict()}
+
+def _run_dp(cfg: RLConfig, model: Transformer, *args) -> dict:
+    """`run_rl` on one rank of a data-parallel trainer: rank 0 is the whole run of one process (sampler, workers, admission,
+    checkpoints, metrics, one weight publication per version) and sends its state, then each step's groups, to the
+    others; every rank computes its share of the step's micro-batches and DDP sums the gradients."""
+    if not dist.is_initialized():      # a CPU learner; rank 0 may roll out for long between two steps
+        dist.init_process_group('gloo', timeout=datetime.timedelta(days=1))
+    if dist.get_rank() != 0: return _follow(cfg, model)
+    try: r = RLRun(cfg, model, *args)
+    except BaseException as e: _broadcast(('abort', f'{type(e).__name__}: {e}')); raise
+    _broadcast(('start', _learner_state(r.learner))); r.learner.data_parallel(); r.dp = True
+    try: hist = r.run()
+    except BaseException as e:         # mid-step the others wait in a collective: they fail when this process exits
+        if not r.in_step: _broadcast(('abort', f'{type(e).__name__}: {e}'))
+        raise
+    _broadcast(('stop', hist))
+    return hist
+
+def _follow(cfg: RLConfig, model: Transformer) -> dict:
+    "A rank other than 0: rank 0's weights, optimiser state and version, then its steps until it stops; its history."
+    torch.set_num_threads(cfg.trainer_threads); torch.manual_seed(cfg.seed)
+    learner = Learner(model, cfg.loss)
+    while True:
+        kind, x = _broadcast(None)
+        if kind == 'start':
+            learner.model.load_state_dict(x['model']); learner.opt.load_state_dict(x['opt']); learner.version = x['version']
+            if learner.ref is not None: learner.ref.load_state_dict(x['ref'])
+            learner.data_parallel()
+        elif kind == 'step': learner.step(x)
+        elif kind == 'stop': return x
+        else: raise RuntimeError(f'rl: trainer rank 0 failed ({x}); rank {dist.get_rank()} stops')
+
+def dp_step_check(rank: int, world: int, groups, loss: LossConfig, seed: int = 0) -> dict:
+    "For `spawn_local`: one data-parallel `Learner.step` of `tiny_setup(seed)`'s model on `groups`; its stats, weights and gradient."
+    model = tiny_setup(seed=seed)[2]
+    st = Learner(model, loss).data_parallel().step(groups)
+    return {'stats': st, 'weights': {k: v.clone() for k, v in model.state_dict().items()},
+            'grads': {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
 
 # %% ../nbs/7_rl/04_rl.ipynb #c023
 @dataclass

@@ -4,11 +4,12 @@
 
 # %% ../nbs/7_rl/01_rl_loss.ipynb #c002
 from __future__ import annotations
-import collections, copy, random
+import collections, contextlib, copy, random
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .config import check
 from .model import Transformer
@@ -16,7 +17,8 @@ from .rl_rollout import NO_ROUTE, Segment, Trajectory
 
 # %% auto #0
 __all__ = ['segment_batch', 'token_logprobs', 'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch',
-           'LossConfig', 'Learner', 'EpochSampler', 'CategorySampler', 'sampler_from_state', 'measure_mismatch']
+           'LossConfig', 'Learner', 'data_parallel', 'EpochSampler', 'CategorySampler', 'sampler_from_state',
+           'measure_mismatch']
 
 # %% ../nbs/7_rl/01_rl_loss.ipynb #c005
 def segment_batch(segs: list[Segment], n_moe_layers: int, top_k: int):
@@ -109,6 +111,7 @@ class Learner:
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
         # the KL anchor's reference: a frozen copy of the weights the learner starts from (before any resume loads)
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        self.ddp = None           # `data_parallel`: the model under DistributedDataParallel
 
     def lr_at(self, version: int) -> float:
         "The learning rate of the optimiser step that makes `version + 1`: linear warmup, then constant."
@@ -116,7 +119,7 @@ class Learner:
         return self.cfg.lr * (min(1.0, (version + 1) / w) if w else 1.0)
 
     def step(self, groups: list[list[Trajectory]]) -> dict:
-        mc, cfg = self.model.cfg, self.cfg
+        cfg = self.cfg
         segs, advs = [], []
         for g in groups:
             for tr, a in zip(g, group_advantages([t.reward for t in g])):
@@ -124,23 +127,10 @@ class Learner:
         self.opt.zero_grad(set_to_none=True)
         tot, stats, mm, stale = 0.0, collections.defaultdict(float), {'k3': [], 'abs': []}, []
         n_tok = 0
-        for i in range(0, len(segs), cfg.micro_segments):
-            b = segment_batch(segs[i:i + cfg.micro_segments], mc.n_moe_layers, mc.top_k)
-            a = torch.tensor(advs[i:i + cfg.micro_segments], dtype=torch.float32)
-            lp = token_logprobs(self.model, b, cfg.router_replay)
-            loss, st = pg_loss(lp, b['blogp'], a, b['mask'], cfg.const, cfg.is_cap, cfg.icepop, cfg.icepop_low, cfg.icepop_high)
-            if self.ref is not None:
-                with torch.no_grad(): rlp = token_logprobs(self.ref, b, cfg.router_replay)
-                kl = kl_penalty(lp, rlp, b['mask'], cfg.const)
-                st['kl_ref'] = float(kl.detach()) * cfg.const / max(1.0, float(b['mask'].sum()))
-                loss = loss + cfg.kl_coef * kl
-            loss.backward()
-            n = float(b['mask'].sum()); n_tok += n; tot += float(loss.detach())
-            for k, v in st.items(): stats[k] += v * n
-            same = b['mask'].bool() & (b['version'] == self.version)      # tokens from exactly these weights
-            d = (lp.detach() - b['blogp'])[same].double()
-            mm['k3'] += (torch.exp(d) - 1 - d).tolist(); mm['abs'] += d.abs().tolist()
-            stale += (self.version - b['version'][b['mask'].bool()]).tolist()
+        for r in self.backward(segs, advs):            # the micro-batches' records, in order (from every rank under DP)
+            n = r['n']; n_tok += n; tot += r['loss']
+            for k, v in r['stats'].items(): stats[k] += v * n
+            mm['k3'] += r['k3']; mm['abs'] += r['abs']; stale += r['stale']
         gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         lr = self.lr_at(self.version)
         for g in self.opt.param_groups: g['lr'] = lr
@@ -152,6 +142,51 @@ class Learner:
                 'abs_dlogp_same_version': float(np.mean(mm['abs'])) if mm['abs'] else None,
                 'staleness': np.bincount(np.asarray(stale, np.int64), minlength=1).tolist() if stale else [0],
                 'reward_mean': float(np.mean(rewards)), 'version': self.version}
+
+# %% ../nbs/7_rl/01_rl_loss.ipynb #c015b
+def _micro(self: Learner, segs, advs, i: int, scale: float = 1.0) -> dict:
+    "Forward and backward of the micro-batch of segments `i:i + micro_segments` (loss × `scale`); its record for `step`."
+    mc, cfg = self.model.cfg, self.cfg
+    b = segment_batch(segs[i:i + cfg.micro_segments], mc.n_moe_layers, mc.top_k)
+    a = torch.tensor(advs[i:i + cfg.micro_segments], dtype=torch.float32)
+    lp = token_logprobs(self.ddp if self.ddp is not None else self.model, b, cfg.router_replay)
+    loss, st = pg_loss(lp, b['blogp'], a, b['mask'], cfg.const, cfg.is_cap, cfg.icepop, cfg.icepop_low, cfg.icepop_high)
+    if self.ref is not None:
+        with torch.no_grad(): rlp = token_logprobs(self.ref, b, cfg.router_replay)
+        kl = kl_penalty(lp, rlp, b['mask'], cfg.const)
+        st['kl_ref'] = float(kl.detach()) * cfg.const / max(1.0, float(b['mask'].sum()))
+        loss = loss + cfg.kl_coef * kl
+    (loss if scale == 1.0 else loss * scale).backward()
+    same = b['mask'].bool() & (b['version'] == self.version)      # tokens from exactly these weights
+    d = (lp.detach() - b['blogp'])[same].double()
+    return {'i': i, 'n': float(b['mask'].sum()), 'loss': float(loss.detach()), 'stats': st,
+            'k3': (torch.exp(d) - 1 - d).tolist(), 'abs': d.abs().tolist(),
+            'stale': (self.version - b['version'][b['mask'].bool()]).tolist()}
+
+def _backward(self: Learner, segs, advs) -> list[dict]:
+    """Accumulate the step's gradient (a sum over its micro-batches) in `.grad`; the micro-batches' records in order.
+    Under `data_parallel`, rank r takes micro-batches r, r + world, ...; DDP sums them (each loss × world: DDP averages)."""
+    starts = list(range(0, len(segs), self.cfg.micro_segments))
+    if self.ddp is None: return [self._micro(segs, advs, i) for i in starts]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine, n = starts[rank::world], -(-len(starts) // world)
+    recs = []
+    for j in range(n):     # every rank as many backwards (DDP reduces in the last); a rank short of one repeats
+        real = j < len(mine)       # micro-batch 0 with weight 0: no gradient, and no expert used that is not used anyway
+        with self.ddp.no_sync() if j < n - 1 else contextlib.nullcontext():
+            r = self._micro(segs, advs, mine[j] if real else starts[0], float(world) if real else 0.0)
+        if real: recs.append(r)
+    every = [None] * world; dist.all_gather_object(every, recs)
+    return sorted((r for rs in every for r in rs), key=lambda r: r['i'])
+
+def data_parallel(self: Learner) -> Learner:
+    """Train as one rank of the default process group: gradients are summed over the ranks by DistributedDataParallel
+    (unused experts allowed). Every rank must hold the same weights, optimiser state and version, and step on the same groups."""
+    from torch.nn.parallel import DistributedDataParallel
+    self.ddp = DistributedDataParallel(self.model, find_unused_parameters=True, forward_sync_buffers=False)
+    return self
+
+Learner._micro, Learner.backward, Learner.data_parallel = _micro, _backward, data_parallel
 
 # %% ../nbs/7_rl/01_rl_loss.ipynb #c017
 class EpochSampler:
