@@ -134,3 +134,28 @@ def test_a_failure_of_rank_0_stops_the_other_ranks():
     e0, e1 = spawn_local(_failing_rank, 2)
     assert e0.startswith('ConfigError') and 'adaptive_categories' in e0
     assert e1.startswith('RuntimeError: rl: trainer rank 0 failed (ConfigError') and 'rank 1 stops' in e1
+
+
+class _ThreeHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); torch.manual_seed(0)
+        self.a, self.b, self.c = (torch.nn.Linear(2, 1) for _ in range(3))
+    def forward(self, x, use): return sum(getattr(self, n)(x).sum() for n in use)
+
+
+def _unused(rank, world):
+    import contextlib
+    from torch.nn.parallel import DistributedDataParallel
+    m = _ThreeHeads(); d = DistributedDataParallel(m, find_unused_parameters=True)
+    plan = [['a', 'b'], ['a']] if rank == 0 else [['a'], ['a']]     # b: rank 0's first (no_sync) micro-batch only; c: never
+    for j, use in enumerate(plan):
+        with d.no_sync() if j == 0 else contextlib.nullcontext(): d(torch.ones(1, 2), use).backward()
+    return {n: None if p.grad is None else p.grad.clone() for n, p in m.named_parameters()}
+
+
+def test_ddp_reduces_what_one_rank_would_accumulate():
+    """What `Learner.data_parallel` relies on for MoE: an expert used in one rank's no_sync micro-batch only still gets
+    its gradient on every rank, and one used nowhere keeps no gradient (Adam skips it, as with one rank)."""
+    for g in spawn_local(_unused, 2):
+        assert g['a.bias'].item() == 2.0 and g['b.bias'].item() == 0.5      # DDP averages: (1 + 1 + 1 + 1) / 2, 1 / 2
+        assert g['c.weight'] is None and g['c.bias'] is None
