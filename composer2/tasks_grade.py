@@ -13,9 +13,10 @@ from .env_base import INNER_ROOT, Limits, RunResult, bwrap_available, program_te
 from .tasks_data import HIDDEN, Task, TaskError
 
 # %% auto #0
-__all__ = ['PYFLAGS', 'SKIP_PARTS', 'runner_program', 'TestRun', 'runner_argv', 'runner_command', 'run_hidden', 'LocalWorkspace',
-           'sandbox_available', 'write_tree', 'stdlib_dirs', 'package_copies', 'hidden_paths', 'stdlib_modules_in',
-           'TaskEnv', 'tree_files', 'task_env', 'run_state', 'grade_env', 'Grade', 'grade_run', 'validate_task']
+__all__ = ['PYFLAGS', 'SKIP_PARTS', 'runner_program', 'mask_addresses', 'TestRun', 'runner_argv', 'runner_command', 'run_hidden',
+           'LocalWorkspace', 'sandbox_available', 'write_tree', 'stdlib_dirs', 'package_copies', 'hidden_paths',
+           'stdlib_modules_in', 'TaskEnv', 'tree_files', 'task_env', 'run_state', 'grade_env', 'Grade', 'grade_run',
+           'validate_task']
 
 # %% ../nbs/6_harness/05_tasks_grade.ipynb #c007
 _READS = ('programs/hidden_runner.py',)   # the grading runner, run inside the sandbox
@@ -25,6 +26,11 @@ def runner_program() -> str:
     return program_text('hidden_runner.py')
 
 PYFLAGS = '-S -E -s -B'
+_ADDRESS = re.compile(r'(?<= at )0x[0-9a-fA-F]+')
+
+def mask_addresses(text: str) -> str:
+    "Memory addresses in object reprs (`<X object at 0x7f...>`) as `0x?`: a failure message reads the same in every run."
+    return _ADDRESS.sub('0x?', text)
 
 @dataclass
 class TestRun:
@@ -64,7 +70,8 @@ def run_hidden(ws, task: Task, timeout: float = 120, per_test_timeout: float = 1
     except Exception as e:
         return TestRun({}, {}, {}, {}, r.exit_code, r.timed_out, time.time() - t0,
                        f"no result file ({type(e).__name__}); exit {r.exit_code}; stderr: {(r.stderr or '')[-500:]}")
-    return TestRun(d['results'], d['messages'], d['imports'], d['load_errors'], r.exit_code, r.timed_out, time.time() - t0)
+    msgs = {t: mask_addresses(m) for t, m in d['messages'].items()}     # stored in task metadata: the same every run
+    return TestRun(d['results'], msgs, d['imports'], d['load_errors'], r.exit_code, r.timed_out, time.time() - t0)
 
 # %% ../nbs/6_harness/05_tasks_grade.ipynb #c009
 class LocalWorkspace:

@@ -115,6 +115,15 @@ def test_validation_drops_a_flaky_test(tmp_path):
     assert rep['ok'] and rep['flaky'] == ['test_flaky.F.test_flaky']
     assert 'test_flaky.F.test_flaky' not in v.fail_to_pass + v.pass_to_pass and v.fail_to_pass == ['test_toy.T.test_sign']
 
+def test_failure_messages_are_stored_without_memory_addresses():
+    # A failing assertion that prints object reprs carries addresses that differ per process; the validated task
+    # keeps the message (debug prompts quote it), so two validations must store the same bytes.
+    obj = ('import unittest, toymod\nclass O(unittest.TestCase):\n'
+           '    def test_obj(self): self.assertEqual({} if toymod.sign(1) == 1 else {"o": object()}, {})\n')
+    t = toy(hidden_tests={'test_toy.py': TESTS, 'test_obj.py': obj}, test_modules=['test_toy', 'test_obj'])
+    got = [T.validate_task(t, backend='local', runs=1)[0].metadata['f2p_messages'] for _ in range(2)]
+    assert 'object at 0x?>' in got[0]['test_obj.O.test_obj'] and got[0] == got[1]
+
 @needs_sandbox
 def test_graded_run_imports_workspace_copy_of_startup_modules():
     # reprlib is imported by `collections` and textwrap by `traceback`: the runner must still load the workspace copies
