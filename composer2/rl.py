@@ -151,8 +151,9 @@ class RLRun:
 
     def admit(self, group) -> bool:
         "Record a finished group; with `filter_groups`, an uninformative one uses up its prompt and is not trained on."
-        self.seen.append(group); self.sampler.observe(group[0].prompt_id, informative(group))
-        if self.cfg.filter_groups and not informative(group):
+        useful = informative(group)
+        self.seen.append(group); self.sampler.observe(group[0].prompt_id, useful)
+        if self.cfg.filter_groups and not useful:
             self.hist['skipped_groups'] += 1; self.sampler.mark_skipped([group[0].prompt_id]); return False
         return True
 
@@ -401,5 +402,5 @@ def category_counts(sampler_state: dict, jobs: dict) -> dict:
             if pid in jobs: out[jobs[pid]['task'].category][kind] += 1
     res = {c: {**v, 'informative_frac': v['trained'] / max(1, v['trained'] + v['skipped'])} for c, v in sorted(out.items())}
     for c, (i, n) in sampler_state.get('stats', {}).items():
-        if c in res: res[c]['draw_weight'] = (i + 1) / (n + 2)
+        if c in res: res[c]['draw_weight'] = CategorySampler.posterior(i, n)
     return res

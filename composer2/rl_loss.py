@@ -242,9 +242,13 @@ class CategorySampler(EpochSampler):
         self._queues()
     def _queues(self):
         self.queues = {k: [p for p in self.order if self.strata[p] == k] for k in self.stats}
+    @staticmethod
+    def posterior(informative: int, observed: int) -> float:
+        "The Beta(1, 1) posterior mean of an informative-group rate: (informative + 1) / (observed + 2)."
+        return (informative + 1) / (observed + 2)
     def weight(self, k: str) -> float:
-        "Posterior mean of category `k`'s informative-group rate: (informative + 1) / (observed + 2)."
-        i, n = self.stats[k]; return (i + 1) / (n + 2)
+        "Category `k`'s draw weight: the posterior mean of its informative-group rate so far."
+        return self.posterior(*self.stats[k])
     def _live(self) -> list[str]: return [k for k in self.stats if self.pos[k] < len(self.queues[k])]
     def has_next(self) -> bool: return bool(self.requeued) or bool(self._live())
     def _draw(self) -> str:
