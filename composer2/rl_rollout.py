@@ -23,7 +23,7 @@ __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'SUMMARY_TEXT', 'TINY_TEMPLATE', 'Segm
            'toy_env_factory', 'HarnessEnv', 'harness_env_factory', 'curriculum_system', 'reward_config', 'ChatCodec',
            'TemplateCodec', 'make_codec', 'ManualWeights', 'SharedWeights', 'load_state_into', 'publishable_state',
            'RolloutConfig', 'sample_coupled', 'episode_generators', 'TokenPolicy', 'rollout_batch', 'max_feed',
-           'tiny_tokenizer', 'tiny_pretrained_tokenizer', 'tiny_setup']
+           'tiny_tokenizer', 'tiny_setup', 'tiny_pretrained_tokenizer']
 
 # %% ../nbs/7_rl/00_rl_rollout.ipynb #c006
 NO_ROUTE = 255
@@ -331,8 +331,7 @@ class TokenPolicy(Policy):
         mc, cfg = self.model.cfg, self.cfg
         self.rows = [_Row(e, self.codec.prompt(m), mc.n_moe_layers, mc.top_k) for e, m in zip(envs, observations)]
         fmt = getattr(self.codec, 'fmt', None)         # a template codec: the envs parse tool calls in the template's format
-        for e in envs:
-            if fmt is not None and hasattr(e, 'chat_format'): e.chat_format = fmt
+        for e in [e for e in envs if fmt is not None and hasattr(e, 'chat_format')]: e.chat_format = fmt
         for r in self.rows:
             if len(r.prefix) + cfg.max_new_tokens + cfg.summary_max_tokens + 8 > cfg.context_budget:
                 raise ValueError(f"the prompt ({len(r.prefix)} tokens) leaves no room in context_budget {cfg.context_budget}")
@@ -464,6 +463,16 @@ def tiny_tokenizer(vocab_size: int = 320):
     texts = [' '.join(rng.choice(words) for _ in range(12)) for _ in range(200)] + [SUMMARY_REQUEST] * 5
     return Tokenizer.train(texts, vocab_size=vocab_size, min_frequency=1)
 
+def tiny_setup(seed: int = 0, vocab_size: int = 320, **model_kw):
+    "(tokenizer, codec, fp32 model) for tests and examples."
+    tok = tiny_tokenizer(vocab_size)
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, top_k=2,
+              d_expert=32, max_seq_len=512, init_std=0.1)
+    kw.update(model_kw)
+    return tok, ChatCodec(tok), Transformer(ModelConfig(**kw))
+
+# %% ../nbs/7_rl/00_rl_rollout.ipynb #c027b
 TINY_TEMPLATE = (      # a Qwen2.5-style chat template: ChatML turns, tool calls as <tool_call> JSON, tool results as user turns
     "{%- for m in messages %}"
     "{%- if m.role == 'assistant' and m.tool_calls %}{{- '<|im_start|>assistant' }}{%- if m.content %}{{- '\\n' + m.content }}{%- endif %}"
@@ -490,11 +499,3 @@ def tiny_pretrained_tokenizer(path, template: str = TINY_TEMPLATE):
                                                          'pad_token': '<|endoftext|>', 'bos_token': None, 'chat_template': template}))
     return PretrainedTokenizer(p)
 
-def tiny_setup(seed: int = 0, vocab_size: int = 320, **model_kw):
-    "(tokenizer, codec, fp32 model) for tests and examples."
-    tok = tiny_tokenizer(vocab_size)
-    torch.manual_seed(seed)
-    kw = dict(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, top_k=2,
-              d_expert=32, max_seq_len=512, init_std=0.1)
-    kw.update(model_kw)
-    return tok, ChatCodec(tok), Transformer(ModelConfig(**kw))
