@@ -418,3 +418,22 @@ def test_rl_stage_starts_from_a_checkpoint_carrying_a_pretrained_tokenizer(chain
     ck = ws / 'rl' / 'ckpt'
     assert (ck / 'tokenizer.json').read_bytes() == (chain['hfdir'] / 'tokenizer.json').read_bytes()
     assert isinstance(load_tokenizer(ck), PretrainedTokenizer)
+
+def test_eval_rollouts_of_a_checkpoint_carrying_a_pretrained_tokenizer(chain, monkeypatch):
+    "eval_rl's and screen's rollouts (`rl_eval._eval_ckpt`) of cpt/ckpt through its own template, where they used to refuse."
+    import functools
+    from composer2.curriculum import make_tasks
+    from composer2.rl_rollout import RolloutConfig, harness_env_factory
+    from composer2.rl_eval import _eval_ckpt
+    from composer2.tokenizer import stage_tokenizer
+    ws = chain['ws']
+    monkeypatch.chdir(ws)
+    tok = stage_tokenizer('no/such/tokenizer', ws / 'cpt' / 'ckpt')
+    jobs = [{'task': t, 'system': 'Act through tool calls.', 'prompt_id': t.id, 'group_id': i, 'group_size': 2}
+            for i, t in enumerate(make_tasks(2, 0, 'heldout', ['docs'], 0.0))]
+    rc = RolloutConfig(max_new_tokens=4, max_turns=1, context_budget=200, summary_max_tokens=4, dtype='float32', env_threads=1)
+    res, _ = _eval_ckpt(ws / 'cpt' / 'ckpt', tok, jobs, functools.partial(harness_env_factory, backend='local', max_turns=1),
+                        rc, 2, 0, 1)
+    assert [len(ts) for _, ts in res] == [2, 2] and all(t.segments and t.gen_tokens > 0 for _, ts in res for t in ts)
+    prompt = tok.prompt_ids([Message('system', 'Act through tool calls.'), Message('user', jobs[0]['task'].prompt)])
+    assert res[0][1][0].segments[0].ids[:len(prompt)].tolist() == prompt
