@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, fields
 from dataclasses import asdict
 from typing import Any, Callable
 
-from .chat import END, EOS, Message, encode_chat, parse_assistant, render
-from .tokenizer import PretrainedTokenizer
+from .chat import END, Message, parse_assistant, render
+from .chat_format import chat_format
 from .tasks import Task, TaskEnv, changed_lines, grade_env, task_env, tree_files, unified_diff
 from .tools import Toolbox, defuse
 
@@ -91,15 +91,17 @@ class AgentEnv:
         self.done = self.submitted = self.truncated = False
         self.n_calls = self.n_err = 0
         self.error = ''
+        self.chat_format = None         # the policy's `ChatFormat` where it is not ours: its tool-call markers and end token
     def reset(self) -> list[Message]: return list(self.messages)
     def step(self, text: str) -> tuple[list[Message], bool]:
         if self.done: raise RuntimeError(f"episode of {self.task.id} is over")
-        text = text.split(END, 1)[0]
+        ours = self.chat_format is None or self.chat_format.ours
+        text = text.split(END if ours else self.chat_format.end_text, 1)[0]
         self.texts.append(text)
-        p = parse_assistant(text)
+        p = parse_assistant(text) if ours else self.chat_format.parse(text)
         # a model may emit reserved tokens (`<|user|>`...) inside its text: defuse them so the transcript still renders
         new = [Message('assistant', defuse(p.content), p.calls, None if p.summary is None else defuse(p.summary))]
-        obs = self.tb.execute_text(text)
+        obs = self.tb.execute_text(text) if ours else [self.tb.execute(c) for c in [*p.calls, *p.errors]]
         for o in obs:
             self.n_calls += 1; self.n_err += not o.ok
             new.append(Message('tool', o.text))
@@ -200,15 +202,17 @@ class GeneratePolicy(Policy):
     def __init__(self, model, tok, temperature: float = 1.0, max_new_tokens: int = 192, generator=None, max_len: int | None = None):
         self.model, self.tok, self.temperature, self.max_new_tokens, self.generator = model, tok, temperature, max_new_tokens, generator
         self.max_len = max_len or model.cfg.max_seq_len
-        pre = isinstance(tok, PretrainedTokenizer)        # a pretrained tokenizer: its chat template and stop ids
-        self.stop_ids = tok.stop_ids if pre else (tok.token_id(END), tok.token_id(EOS))
-        self.asst = None if pre else tok.encode('<|assistant|>')
-    def start(self, envs, observations): self.envs, self.msgs, self.ntok = envs, list(observations), [0] * len(envs)
+        self.fmt = chat_format(tok)        # the tokenizer's chat format: ours, or a pretrained model's template
+        self.stop_ids = self.fmt.stop_ids
+    def start(self, envs, observations):
+        self.envs, self.msgs, self.ntok = envs, list(observations), [0] * len(envs)
+        for e in envs:                      # the envs parse the calls the model emits in its own format
+            if not self.fmt.ours and hasattr(e, 'chat_format'): e.chat_format = self.fmt
     def advance(self, live):
         from composer2.decoding import generate
         out, idx, prompts = [], [], []
         for i in live:
-            ids = self.tok.prompt_ids(self.msgs[i]) if self.asst is None else encode_chat(self.tok, self.msgs[i])[0] + self.asst
+            ids = self.fmt.prompt_ids(self.msgs[i])
             if len(ids) + self.max_new_tokens > self.max_len: self.envs[i].stop(); out.append((i, None)); continue
             idx.append(i); prompts.append(ids)
         if idx:

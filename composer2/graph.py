@@ -22,7 +22,7 @@ LAYERS = ('core', 'numerics', 'data', 'model', 'parallel', 'train', 'harness', '
 MODULE_LAYERS = {
     'config': 'core', 'io': 'core', 'chat': 'core',
     'quant': 'numerics', 'kernels': 'numerics', 'lowp': 'numerics',
-    'data': 'data', 'tokenizer': 'data',
+    'data': 'data', 'tokenizer': 'data', 'chat_format': 'data',
     'model': 'model', 'decoding': 'model', 'rope': 'model', 'hf': 'model',
     'parallel': 'parallel', 'parallel_plan': 'parallel', 'mesh': 'parallel',
     'train': 'train', 'pretrain': 'train', 'pretrain_cp': 'train', 'sft': 'train', 'evaluate': 'train', 'mtp': 'train',

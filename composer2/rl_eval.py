@@ -17,7 +17,7 @@ from .config import ConfigError, check, to_dict
 from .train import load_model
 from .rl_rollout import (RolloutConfig, harness_env_factory, reward_config, curriculum_system, episode_generators,
                                   load_state_into, publishable_state)
-from .rl_transport import WorkerSpec, build_rollout_model, rollout_groups
+from .rl_transport import WorkerSpec, build_rollout_model, rollout_groups, tokenizer_spec
 
 # %% auto #0
 __all__ = ['EvalRLConfig', 'heldout_jobs', 'validation_jobs', 'expected_best_of', 'best_of_k_curve', 'heldout_summary',
@@ -82,7 +82,7 @@ def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads, paired_noise: bool 
     """Rollouts of one checkpoint on `jobs`: per-task lists of trajectories, and the fp32 model (for mismatch).
     `paired_noise`: each episode samples from its own stream (`episode_generators`), else one stream for all."""
     model, _ = load_model(path)
-    spec = WorkerSpec(to_dict(model.cfg), tok.hf.to_str(), rc, fac, gpb, threads, seed)
+    spec = WorkerSpec(to_dict(model.cfg), tokenizer_spec(tok), rc, fac, gpb, threads, seed)
     rmodel, codec = build_rollout_model(spec)
     load_state_into(rmodel, publishable_state(model))
     gen = torch.Generator().manual_seed(seed)
@@ -145,7 +145,7 @@ def _real_bench(cfg, root, tok, ckpts: dict) -> dict:
     out = {}
     for name, p in ckpts.items():
         model, _ = load_model(p)
-        spec = WorkerSpec(to_dict(model.cfg), tok.hf.to_str(), rc, functools.partial(harness_env_factory, backend='sandbox',
+        spec = WorkerSpec(to_dict(model.cfg), tokenizer_spec(tok), rc, functools.partial(harness_env_factory, backend='sandbox',
                           max_turns=rc.max_turns), 1, cfg.threads, cfg.seed)
         rmodel, codec = build_rollout_model(spec); load_state_into(rmodel, publishable_state(model))
         gen = torch.Generator().manual_seed(cfg.seed)

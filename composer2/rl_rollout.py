@@ -11,17 +11,19 @@ from typing import Callable, Literal, Protocol
 import numpy as np
 import torch
 
-from .chat import (Message, render, render_turn, END, EOS, ROLE_TOKENS, SUMMARY_OPEN, SUMMARY_CLOSE)
+from .chat import (Message, render, render_turn, END, EOS, ROLE_TOKENS, SUMMARY_OPEN, SUMMARY_CLOSE, ChatFormatError)
+from .chat_format import chat_format
 from .config import check, from_dict
 from .episodes import AgentEnv, Policy, SYSTEM_SHORT, run_episodes
 from .model import Transformer, ModelConfig, frozen_weights
 from .decoding import KVCache, sample_next
 
 # %% auto #0
-__all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv', 'toy_env_factory', 'HarnessEnv',
-           'harness_env_factory', 'curriculum_system', 'reward_config', 'ChatCodec', 'ManualWeights', 'SharedWeights',
-           'load_state_into', 'publishable_state', 'RolloutConfig', 'sample_coupled', 'episode_generators',
-           'TokenPolicy', 'rollout_batch', 'max_feed', 'tiny_tokenizer', 'tiny_setup']
+__all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'SUMMARY_TEXT', 'TINY_TEMPLATE', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv',
+           'toy_env_factory', 'HarnessEnv', 'harness_env_factory', 'curriculum_system', 'reward_config', 'ChatCodec',
+           'TemplateCodec', 'make_codec', 'ManualWeights', 'SharedWeights', 'load_state_into', 'publishable_state',
+           'RolloutConfig', 'sample_coupled', 'episode_generators', 'TokenPolicy', 'rollout_batch', 'max_feed',
+           'tiny_tokenizer', 'tiny_setup', 'tiny_pretrained_tokenizer']
 
 # %% ../nbs/7_rl/00_rl_rollout.ipynb #c006
 NO_ROUTE = 255
@@ -98,10 +100,12 @@ class HarnessEnv:
     grading), with the shaped reward of `composer2.rewards` (task reward, concave length penalty, behaviour rewards)."""
     def __init__(self, task, system: str | None = None, backend: str = 'sandbox', max_turns: int = 8, reward_cfg=None):
         self.task, self.system, self.backend, self.max_turns, self.reward_cfg, self.env = task, system, backend, max_turns, reward_cfg, None
+        self.chat_format = None         # the policy's chat format where it is not ours (`TokenPolicy.start` sets it)
     def reset(self):
         self.env = AgentEnv(self.task, self.backend, None, self.system or SYSTEM_SHORT, self.max_turns)
         return self.env.reset()
     def step(self, text):
+        self.env.chat_format = self.chat_format
         new, done = self.env.step(text)
         return [m for m in new if m.role == 'tool'], done      # the assistant turn is already in the token stream
     def finish(self, info):
@@ -153,6 +157,53 @@ class ChatCodec:
         "The turn that replaces the history: the model's own summary tokens, closed, then a fresh assistant turn."
         return [self.assistant, self.sum_open] + list(summary_ids) + self.tok.encode(SUMMARY_CLOSE + END + ROLE_TOKENS['assistant'])
     def decode(self, ids) -> str: return self.tok.decode(list(ids))
+
+# %% ../nbs/7_rl/00_rl_rollout.ipynb #c015u
+SUMMARY_TEXT = ('<summary>', '</summary>')
+"A pretrained vocabulary has no summary tokens: its self-summary turn is this plain text, ended by the stop token."
+
+class TemplateCodec:
+    """`ChatCodec`'s interface for a pretrained tokenizer's chat template (see above): the prompt is the template's
+    generation prompt; an observation is the template's text of the new turns after a generated turn's stop token, found
+    by diffing two renderings of a reference conversation; a summary turn is plain text ended by the stop token."""
+    def __init__(self, tokenizer):
+        self.tok, self.fmt = tokenizer, chat_format(tokenizer)
+        stop = self.fmt.end_text
+        self.end = tokenizer.token_id(stop)
+        self.eos = next((i for i in self.fmt.stop_ids if i != self.end), self.end)
+        self.sum_open = self.sum_close = -1             # never generated: the summary turn ends at the stop token
+        self.assistant = None
+        ref = [Message('system', 'reference system'), Message('user', 'reference user'), Message('assistant', 'reference answer')]
+        self._ref, a = ref, tokenizer.render_chat(ref)
+        k = a.find(stop, a.rfind('reference answer'))
+        if k < 0: raise ChatFormatError(f"{tokenizer.path}: the chat template does not end an assistant turn with {stop!r}")
+        self._ref_text, self._cut = a, k + len(stop)
+        gp = tokenizer.render_chat(ref, add_generation_prompt=True)
+        if not gp.startswith(a): raise ChatFormatError(f"{tokenizer.path}: the chat template's generation prompt does not extend the conversation")
+        self._tail, self._gen = a[self._cut:], gp[len(a):]
+    def _after_turn(self, msgs: list[Message], what: str) -> str:
+        "The template's text between a generated turn's stop token and the next generation prompt's end."
+        b = self.tok.render_chat(self._ref + list(msgs), add_generation_prompt=True)
+        if not b.startswith(self._ref_text):
+            raise ChatFormatError(f"{self.tok.path}: the chat template does not render {what} ({[m.role for m in msgs]}) as an "
+                                  "extension of the conversation before them, so they cannot be appended to a rollout")
+        return b[self._cut:]
+    def prompt(self, msgs: list[Message]) -> list[int]: return self.tok.prompt_ids(msgs)
+    def observation(self, msgs: list[Message]) -> list[int]: return self.tok.encode(self._after_turn(msgs, 'new turns'))
+    def summary_request(self, msgs: list[Message]) -> list[int]:
+        return self.tok.encode(self._after_turn(list(msgs) + [Message('user', SUMMARY_REQUEST)], 'a summary request')
+                               + SUMMARY_TEXT[0])
+    def summary_context(self, summary_ids: list[int]) -> list[int]:
+        "The model's summary as the answer to the prompt, closed by the stop token, then a fresh generation prompt."
+        return (self.tok.encode(SUMMARY_TEXT[0]) + list(summary_ids) + self.tok.encode(SUMMARY_TEXT[1]) + [self.end]
+                + self.tok.encode(self._tail + self._gen))
+    def decode(self, ids) -> str: return self.tok.decode([i for i in ids if i not in self.fmt.stop_ids])
+
+def make_codec(tokenizer):
+    "The rollout codec of `tokenizer`: `ChatCodec` for ours (our chat format), `TemplateCodec` for a pretrained one."
+    from composer2.tokenizer import PretrainedTokenizer
+    return TemplateCodec(tokenizer) if isinstance(tokenizer, PretrainedTokenizer) else ChatCodec(tokenizer)
+
 
 # %% ../nbs/7_rl/00_rl_rollout.ipynb #c017
 class ManualWeights:
@@ -279,6 +330,8 @@ class TokenPolicy(Policy):
     def start(self, envs, observations):
         mc, cfg = self.model.cfg, self.cfg
         self.rows = [_Row(e, self.codec.prompt(m), mc.n_moe_layers, mc.top_k) for e, m in zip(envs, observations)]
+        fmt = getattr(self.codec, 'fmt', None)         # a template codec: the envs parse tool calls in the template's format
+        for e in [e for e in envs if fmt is not None and hasattr(e, 'chat_format')]: e.chat_format = fmt
         for r in self.rows:
             if len(r.prefix) + cfg.max_new_tokens + cfg.summary_max_tokens + 8 > cfg.context_budget:
                 raise ValueError(f"the prompt ({len(r.prefix)} tokens) leaves no room in context_budget {cfg.context_budget}")
@@ -418,3 +471,31 @@ def tiny_setup(seed: int = 0, vocab_size: int = 320, **model_kw):
               d_expert=32, max_seq_len=512, init_std=0.1)
     kw.update(model_kw)
     return tok, ChatCodec(tok), Transformer(ModelConfig(**kw))
+
+# %% ../nbs/7_rl/00_rl_rollout.ipynb #c027b
+TINY_TEMPLATE = (      # a Qwen2.5-style chat template: ChatML turns, tool calls as <tool_call> JSON, tool results as user turns
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}{{- '<|im_start|>assistant' }}{%- if m.content %}{{- '\\n' + m.content }}{%- endif %}"
+    "{%- for c in m.tool_calls %}{%- set c = c.function if c.function is defined else c %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + c.name + '\", \"arguments\": ' + (c.arguments | tojson) + '}\\n</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+def tiny_pretrained_tokenizer(path, template: str = TINY_TEMPLATE):
+    "A pretrained-style tokenizer directory at `path` (byte-level BPE of the 256 bytes, ChatML specials 256..258, `template`)."
+    import json
+    from pathlib import Path
+    from tokenizers import Tokenizer as HFTok, decoders, models, pre_tokenizers
+    from composer2.tokenizer import PretrainedTokenizer
+    bpe = HFTok(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, merges=[]))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.add_special_tokens(['<|endoftext|>', '<|im_start|>', '<|im_end|>'])
+    p = Path(path); p.mkdir(parents=True, exist_ok=True); bpe.save(str(p / 'tokenizer.json'))
+    (p / 'tokenizer_config.json').write_text(json.dumps({'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '<|im_end|>',
+                                                         'pad_token': '<|endoftext|>', 'bos_token': None, 'chat_template': template}))
+    return PretrainedTokenizer(p)
+

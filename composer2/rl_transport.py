@@ -13,11 +13,11 @@ import torch
 
 from .config import from_dict
 from .model import Transformer, ModelConfig
-from .rl_rollout import (ChatCodec, RolloutConfig, SharedWeights, Trajectory, load_state_into, rollout_batch)
+from .rl_rollout import (RolloutConfig, SharedWeights, Trajectory, load_state_into, make_codec, rollout_batch)
 
 # %% auto #0
-__all__ = ['TRANSPORTS', 'WorkerSpec', 'tokenizer_from_json', 'build_rollout_model', 'rollout_groups', 'LocalTransport',
-           'RayTransport']
+__all__ = ['PRETRAINED_KEY', 'TRANSPORTS', 'WorkerSpec', 'tokenizer_spec', 'tokenizer_from_json', 'build_rollout_model',
+           'rollout_groups', 'LocalTransport', 'RayTransport']
 
 # %% ../nbs/7_rl/02_rl_transport.ipynb #c005
 @dataclass
@@ -30,15 +30,36 @@ class WorkerSpec:
     threads: int = 1
     seed: int = 0
 
+PRETRAINED_KEY = 'composer2_pretrained_tokenizer'
+
+def tokenizer_spec(tok) -> str:
+    """What `WorkerSpec.tokenizer_json` carries: our tokenizer's tokenizer.json text (as before), or for a pretrained
+    tokenizer a JSON object {PRETRAINED_KEY: {file name: text}} of its directory's tokenizer files (the chat template
+    with them), so a worker on another machine rebuilds it without the directory."""
+    import json
+    from composer2.tokenizer import TOKENIZER_FILES, PretrainedTokenizer
+    if not isinstance(tok, PretrainedTokenizer): return tok.hf.to_str()
+    return json.dumps({PRETRAINED_KEY: {n: (tok.path / n).read_text() for n in TOKENIZER_FILES if (tok.path / n).exists()}})
+
 def tokenizer_from_json(text: str):
+    "The tokenizer of a `tokenizer_spec`: a pretrained one's files are written once to a temporary directory named by their hash."
     from tokenizers import Tokenizer as HFTokenizer
-    from composer2.tokenizer import Tokenizer
-    return Tokenizer(HFTokenizer.from_str(text))
+    from composer2.tokenizer import PretrainedTokenizer, Tokenizer
+    if not text.startswith('{"' + PRETRAINED_KEY + '"'): return Tokenizer(HFTokenizer.from_str(text))
+    import hashlib, json, tempfile
+    from pathlib import Path
+    d = Path(tempfile.gettempdir()) / f"composer2-tokenizer-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    if not (d / 'tokenizer.json').exists():
+        tmp = Path(tempfile.mkdtemp(dir=d.parent))
+        for n, t in json.loads(text)[PRETRAINED_KEY].items(): (tmp / n).write_text(t)
+        try: tmp.rename(d)
+        except OSError: pass            # another worker wrote it first
+    return PretrainedTokenizer(d)
 
 def build_rollout_model(spec: WorkerSpec):
     model = Transformer(from_dict(ModelConfig, dict(spec.model_config), 'model_config'))
     model = model.to(getattr(torch, spec.rollout.dtype)).eval()
-    return model, ChatCodec(tokenizer_from_json(spec.tokenizer_json))
+    return model, make_codec(tokenizer_from_json(spec.tokenizer_json))
 
 def rollout_groups(model, codec, spec: WorkerSpec, jobs: list[dict], weights, version: int, gen=None):
     "Run the episodes of `jobs` as one batch; returns ([(job, trajectories)], final version, stats)."

@@ -63,7 +63,7 @@ def screen(ckpt, params: str = 'params.yaml', samples: str | None = None, seed: 
     torch.set_num_threads(cfg.threads)
     jobs, _, fac = R.heldout_jobs(cfg, root)
     seed = cfg.seed if seed is None else seed
-    tok = stage_tokenizer(root / cfg.tokenizer, root / ckpt, ours_only='screen')     # the tokenizer the checkpoint carries
+    tok = stage_tokenizer(root / cfg.tokenizer, root / ckpt)     # the tokenizer the checkpoint carries
     res, _ = R._eval_ckpt(root / ckpt, tok, jobs, fac, cfg.rollout, cfg.groups_per_batch,
                           seed, cfg.threads, cfg.paired_noise)
     s = R.heldout_summary(res)

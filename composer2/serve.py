@@ -13,8 +13,8 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .chat import CALL_OPEN, END, EOS, ChatFormatError, Message, ToolCall, parse_assistant, render
-from .tokenizer import PretrainedTokenizer
+from .chat import CALL_OPEN, ChatFormatError, Message, ToolCall, parse_assistant, render
+from .chat_format import chat_format
 from .decoding import KVCache, compiled_step, sample_next
 from .model import frozen_weights
 
@@ -110,15 +110,19 @@ def _num(body, key, lo, hi, default, kind=float):
         raise APIError(f"{key} must be {'an integer' if kind is int else 'a number'} in [{lo}, {hi}], got {v!r}", param=key)
     return kind(v)
 
-def parse_request(body: dict, model_id: str) -> ChatRequest:
+def _call_open(fmt) -> str:
+    "The marker that opens a tool call in the served chat format (ours by default; a pretrained template's own)."
+    return CALL_OPEN if fmt is None or fmt.ours else fmt.call_markers[0]
+
+def parse_request(body: dict, model_id: str, fmt=None) -> ChatRequest:
     if body.get('model') != model_id: raise APIError(f"The model {body.get('model')!r} does not exist; this server serves {model_id!r}", 404, 'model_not_found', 'model')
     specs = parse_tools(body.get('tools'))
     choice = body.get('tool_choice', 'auto' if specs else 'none')
     names = {s['name'] for s in specs}
     if choice == 'auto' and not specs: choice = 'none'      # nothing to call
-    if choice in ('none', 'auto', 'required') and (choice != 'required' or specs): prefill = CALL_OPEN if choice == 'required' else ''
+    if choice in ('none', 'auto', 'required') and (choice != 'required' or specs): prefill = _call_open(fmt) if choice == 'required' else ''
     elif isinstance(choice, dict) and isinstance(choice.get('function'), dict) and choice['function'].get('name') in names:
-        prefill = CALL_OPEN + '{"name": ' + json.dumps(choice['function']['name']) + ', "arguments": '
+        prefill = _call_open(fmt) + '{"name": ' + json.dumps(choice['function']['name']) + ', "arguments": '
     else: raise APIError(f"tool_choice {choice!r} is not 'none', 'auto', 'required' or a function among tools", param='tool_choice')
     stop = body.get('stop') or []
     stop = [stop] if isinstance(stop, str) else stop
@@ -150,7 +154,8 @@ class Engine:
     def __init__(self, model, tok, max_batch: int = 32, compile: bool = False):
         self.model, self.tok, self.max_batch, self.compile = model, tok, max_batch, compile
         self.max_len, self.dev = model.cfg.max_seq_len, next(model.parameters()).device
-        self.stop_ids = set(tok.stop_ids) if isinstance(tok, PretrainedTokenizer) else {tok.token_id(END), tok.token_id(EOS)}
+        self.fmt = chat_format(tok)              # ours, or the pretrained tokenizer's template: render, stop ids, call markers
+        self.stop_ids = set(self.fmt.stop_ids)
         self.waiting, self.rows, self.cache, self._new, self._stop = queue.Queue(), [], None, [], False
         self.stats = {'requests': 0, 'prefills': 0, 'steps': 0, 'max_batch': 0, 'batch_sizes': {}, 'cancelled': 0}
         self._thread = threading.Thread(target=self._loop, daemon=True, name='composer2-engine'); self._thread.start()
@@ -222,11 +227,11 @@ class Engine:
             else: self.cache = None
 
 # %% ../nbs/6_harness/14_serve.ipynb #c019
-def _result(req: ChatRequest, text: str, finish: str) -> tuple[str | None, list[dict], str]:
+def _result(req: ChatRequest, text: str, finish: str, fmt=None) -> tuple[str | None, list[dict], str]:
     "The reply text -> (content, OpenAI tool_calls, finish_reason)."
     text = req.prefill + text
     if not req.parse_calls: return text, [], finish
-    p = parse_assistant(text)
+    p = parse_assistant(text) if fmt is None else fmt.parse(text)
     calls = [{'id': 'call_' + uuid.uuid4().hex[:24], 'type': 'function',
               'function': {'name': c.name, 'arguments': json.dumps(c.arguments, ensure_ascii=False)}} for c in p.calls]
     content = p.content + ''.join(e.raw for e in p.errors)   # a malformed call stays visible as text
@@ -262,9 +267,8 @@ def make_app(engine: Engine, model_id: str) -> FastAPI:
         try: body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e: raise APIError(f'the request body is not valid JSON: {e}') from None
         if not isinstance(body, dict): raise APIError('the request body must be a JSON object')
-        req = parse_request(body, model_id)
-        chat = tok.render_chat if isinstance(tok, PretrainedTokenizer) else render     # a pretrained tokenizer: its template
-        ids = tok.encode(chat(req.messages, add_generation_prompt=True) + req.prefill)
+        req = parse_request(body, model_id, engine.fmt)
+        ids = tok.encode(engine.fmt.render(req.messages, add_generation_prompt=True) + req.prefill)
         if len(ids) >= engine.max_len:
             raise APIError(f"This model's maximum context length is {engine.max_len} tokens, but the messages take {len(ids)} tokens",
                            code='context_length_exceeded', param='messages')
@@ -287,14 +291,14 @@ def make_app(engine: Engine, model_id: str) -> FastAPI:
                     if e[0] != 'text': break
             except asyncio.CancelledError: seq.cancelled = True; raise
             if e[0] == 'error': raise APIError(e[1], 500, type='server_error')
-            content, calls, finish = _result(req, e[1], e[2])
+            content, calls, finish = _result(req, e[1], e[2], engine.fmt)
             msg = {'role': 'assistant', 'content': content, **({'tool_calls': calls} if calls else {})}
             return {**head, 'object': 'chat.completion', 'choices': [{'index': 0, 'message': msg, 'finish_reason': finish}], 'usage': usage(e[3])}
-        return StreamingResponse(_stream(req, seq, q, head, usage, request), media_type='text/event-stream')
+        return StreamingResponse(_stream(req, seq, q, head, usage, request, engine.fmt), media_type='text/event-stream')
     return app
 
 # %% ../nbs/6_harness/14_serve.ipynb #c021
-async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usage, request=None):
+async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usage, request=None, fmt=None):
     "Server-sent events of one request: prose as it comes (held back from a `<|tool_call|>` or a partial stop string on)."
     chunk = lambda delta, finish=None: _sse({**head, 'object': 'chat.completion.chunk', 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})
     hold = max((len(s) for s in req.stop), default=1) - 1
@@ -314,12 +318,12 @@ async def _stream(req: ChatRequest, seq: _Seq, q: asyncio.Queue, head: dict, usa
                 yield _sse(APIError(e[1], 500, type='server_error').body()); break
             if e[0] == 'text':
                 text = req.prefill + e[1]
-                if req.parse_calls and CALL_OPEN in text: text = text[:text.index(CALL_OPEN)]
+                if req.parse_calls and _call_open(fmt) in text: text = text[:text.index(_call_open(fmt))]
                 else: text = text[:max(len(sent), len(text) - hold)]
                 text = text.rstrip('\ufffd')         # a character whose bytes are still arriving
                 if len(text) > len(sent) and text.startswith(sent): yield chunk({'content': text[len(sent):]}); sent = text
                 continue
-            content, calls, finish = _result(req, e[1], e[2])
+            content, calls, finish = _result(req, e[1], e[2], fmt)
             rest = (content or '')[len(sent):] if (content or '').startswith(sent) else ''
             if rest: yield chunk({'content': rest})
             if calls: yield chunk({'tool_calls': [{'index': i, **c} for i, c in enumerate(calls)]})

@@ -118,7 +118,9 @@ def chain(tmp_path_factory):
     import composer2.pretrain as P
     from composer2.stages import pretrain as stage_pretrain, sft as stage_sft
     ws = tmp_path_factory.mktemp('ws')
-    hfdir, corpus = _hf_model_dir(ws / 'hfmodel'), _corpus(ws / 'corpus')
+    # a template that renders tool calls (Qwen2.5's way), as real agent models' do: the harness parses calls in it
+    from composer2.rl_rollout import TINY_TEMPLATE
+    hfdir, corpus = _hf_model_dir(ws / 'hfmodel', TINY_TEMPLATE), _corpus(ws / 'corpus')
     fed, real_train = [], P.train
     def spy(model, cfg, batch_fn, *a, **k):                   # the windows the trainer gets, step by step
         fed.extend(batch_fn(s).x for s in range(cfg.steps))
@@ -230,14 +232,12 @@ def test_default_path_is_unchanged(tmp_path):
     assert type(t) is Tokenizer and meta == {'init': cfg.init} and all((s == arr).all() for s in streams)
     assert not (tmp_path / 'out').exists()
 
-# --- agent_sft, serve (and rl's refusal) from a checkpoint that carries a pretrained tokenizer ---------------------------
+# --- agent_sft, serve from a checkpoint that carries a pretrained tokenizer ---------------------------
 
 def test_agent_sft_trains_on_the_carried_tokenizers_chat_template(chain):
     """The real agent_sft stage from cpt/ckpt: expert transcripts rendered by the carried tokenizer's template feed the
-    trainer, and its checkpoint carries the tokenizer on; rl and eval_rl (our chat format only) refuse it by name."""
+    trainer, and its checkpoint carries the tokenizer on (the rl stage from it: `test_rl_stage_starts_from_...`)."""
     import composer2.stages.agent_sft as A
-    from composer2.config import ConfigError
-    from composer2.stages import eval_rl as stage_eval_rl, rl as stage_rl
     ws, ref = chain['ws'], chain['ref']
     got, fed, real_enc, real_train = {}, [], A.encode_transcripts, A.train
     def enc(tok, transcripts, L):
@@ -249,15 +249,10 @@ def test_agent_sft_trains_on_the_carried_tokenizers_chat_template(chain):
     params = _params(ws / 'params_agent.yaml',
                      agent_sft=dict(init='cpt/ckpt', out_dir='agent_sft', tokenizer='no/such/tokenizer', n_train=2, n_heldout=1,
                                     backend='local', workers=1, validate_heldout=False, max_turns=1, max_new_tokens=4,
-                                    eval_samples=0, eval_greedy=False, categories=['docs'], train={**TRAIN, 'seq_len': 128}),
-                     rl=dict(init='agent_sft/ckpt', tokenizer='no/such/tokenizer', out_dir='rl'),
-                     eval_rl=dict(sft_ckpt='agent_sft/ckpt', rl_ckpt='agent_sft/ckpt', tokenizer='no/such/tokenizer',
-                                  out_dir='eval_rl', threads=1))
+                                    eval_samples=0, eval_greedy=False, categories=['docs'], train={**TRAIN, 'seq_len': 128}))
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ws); mp.setattr(A, 'encode_transcripts', enc); mp.setattr(A, 'train', spy)
         m = A.run(params)
-        with pytest.raises(ConfigError, match='rl: the checkpoint carries a pretrained tokenizer'): stage_rl.run(params)
-        with pytest.raises(ConfigError, match='eval_rl: the checkpoint carries a pretrained tokenizer'): stage_eval_rl.run(params)
     want = [list(ref.apply_chat_template([hf_message(x) for x in t], tokenize=True, return_dict=False))[:got['L']]
             for t in got['transcripts']]
     assert m['n_trajectories'] == 2 and all(w[0] == 70001 for w in want)          # <|im_start|>: the template's ids
@@ -311,3 +306,134 @@ def test_serve_uses_the_carried_tokenizer(chain, tmp_path):
         assert r.usage.prompt_tokens == len(want) and r.usage.completion_tokens == 3
     finally:
         p.terminate(); p.wait(10)
+
+# --- RL through the pretrained tokenizer's own chat template (composer2.chat_format, rl_rollout.TemplateCodec) ------------
+
+from composer2.rl_rollout import TINY_TEMPLATE          # a Qwen2.5-style template: tool calls as <tool_call> JSON
+
+@pytest.fixture(scope='module')
+def qwen_tok(tmp_path_factory):
+    "The 70003-id byte-level BPE above with a Qwen2.5-style template that renders tool calls; transformers' AutoTokenizer of it."
+    d = tmp_path_factory.mktemp('qwen') / 'tok'
+    _tokenizer_files(d, TINY_TEMPLATE)
+    return PretrainedTokenizer(d), AutoTokenizer.from_pretrained(str(d))
+
+def _generated(tok, conv, said):
+    "The ids the model generates for turn `said` after `conv`: the template's text of that turn, closed by the stop token."
+    turn = tok.render_chat(conv + [said])[len(tok.render_chat(conv, add_generation_prompt=True)):]
+    return tok.encode(turn[:turn.index('<|im_end|>')]) + [tok.token_id('<|im_end|>')]
+
+def test_template_codec_ids_are_the_templates_rendering_of_the_whole_conversation(qwen_tok):
+    "prompt + generated turns + observations == apply_chat_template(whole conversation, add_generation_prompt=True)."
+    from composer2.chat import ToolCall
+    from composer2.rl_rollout import SUMMARY_REQUEST, TemplateCodec, make_codec
+    tok, ref = qwen_tok
+    codec = make_codec(tok)
+    assert isinstance(codec, TemplateCodec) and (codec.end, codec.eos) == (70002, 70002) and codec.sum_close == -1
+    conv = [Message('system', 'You are a coding agent.'), Message('user', 'Fix def f(self): return self.x in y')]
+    ids = codec.prompt(conv)
+    turns = [(Message('assistant', 'Reading.', [ToolCall('read_file', {'path': 'a.py', 'n': 3})]), [Message('tool', 'def f(x):\n    return x é ✓')]),
+             (Message('assistant', '', [ToolCall('grep', {'pattern': 'def'}), ToolCall('shell', {'cmd': 'ls'})]),
+              [Message('tool', 'a.py:1'), Message('tool', 'a.py b.py')]),
+             (Message('assistant', 'Done for x in y.'), [Message('user', 'Go on.')])]
+    for said, obs in turns:
+        gen = _generated(tok, conv, said)
+        assert codec.fmt.parse(codec.decode(gen)).calls == said.tool_calls          # the calls parse back from the ids
+        conv = conv + [said] + obs; ids = ids + gen + codec.observation(obs)
+        want = ref.apply_chat_template([hf_message(m) for m in conv], add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert ids == list(want)
+    # the summary request: the template's text of the request turn and its generation prompt, then the plain-text marker
+    conv = conv + [Message('assistant', 'ok')]
+    req = codec.summary_request([Message('tool', 'x')])
+    base = ref.apply_chat_template([hf_message(m) for m in conv], tokenize=False)
+    want = ref.apply_chat_template([hf_message(m) for m in conv + [Message('tool', 'x'), Message('user', SUMMARY_REQUEST)]],
+                                   add_generation_prompt=True, tokenize=False)
+    assert want.startswith(base) and tok.decode([70002] + req) == want[base.rindex('<|im_end|>'):] + '<summary>'
+    ctx = tok.decode(codec.summary_context(tok.encode('I read a.py.')))
+    assert ctx == '<summary>I read a.py.</summary><|im_end|>\n<|im_start|>assistant\n'
+
+def test_tool_calls_in_the_templates_format_parse_and_run_in_the_harness(qwen_tok, tmp_path):
+    "A turn in the template's format (<tool_call> JSON) parses to the right ToolCall; AgentEnv runs it with that format."
+    from composer2.chat import ToolCall
+    from composer2.chat_format import chat_format
+    from composer2.curriculum import make_tasks
+    from composer2.episodes import AgentEnv
+    tok, _ = qwen_tok
+    fmt = chat_format(tok)
+    assert fmt.call_markers == ('<tool_call>', '</tool_call>') and fmt.end_text == '<|im_end|>'
+    text = 'Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "README.md"}}\n</tool_call><|im_end|>'
+    p = fmt.parse(text)
+    assert p.calls == [ToolCall('read_file', {'path': 'README.md'})] and p.content == 'Let me look.' and not p.errors
+    assert [e.message for e in fmt.parse('<tool_call>\n{"name": "x", "arguments": [1]}\n</tool_call>').errors] == ['"arguments" must be a JSON object']
+    task = make_tasks(1, 0, 'heldout', ['docs'], 0.0)[0]
+    env = AgentEnv(task, backend='local'); env.chat_format = fmt
+    try:
+        new, done = env.step(text.replace('README.md', sorted(task.files)[0]))
+        assert [m.role for m in new] == ['assistant', 'tool'] and new[0].tool_calls[0].name == 'read_file' and not done
+        assert env.n_calls == 1 and env.n_err == 0
+    finally: env.close()
+
+def test_rollout_with_a_pretrained_tokenizer_runs_to_the_end_through_summaries(qwen_tok):
+    "rollout_batch with the template codec on a tiny model and ToyEnv: every episode ends; segments are prompt/obs + generated."
+    from composer2.model import ModelConfig, Transformer
+    from composer2.rl_rollout import RolloutConfig, ToyEnv, make_codec, rollout_batch
+    tok, _ = qwen_tok
+    codec = make_codec(tok)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=70016, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, n_experts=4, top_k=2,
+                                    d_expert=32, max_seq_len=512, init_std=0.1))
+    cfg = RolloutConfig(max_new_tokens=6, max_turns=5, context_budget=96, summary_max_tokens=6, dtype='float32', env_threads=1)
+    envs = [ToyEnv(turns=5, obs_words=6, seed=s) for s in range(3)]
+    eps, _ = rollout_batch(model, codec, envs, cfg, generator=[torch.Generator().manual_seed(s) for s in range(3)])
+    prompt = codec.prompt(ToyEnv().reset())
+    assert len(eps) == 3 and sum(e['n_summaries'] for e in eps) > 0
+    for e in eps:
+        segs = e['segments']
+        assert 1 <= e['turns'] <= 5 and len(segs) == e['n_summaries'] + 1
+        for s in segs:
+            assert s.ids[:len(prompt)].tolist() == prompt and s.mask[:len(prompt)].sum() == 0 and s.ids.max() < 70003
+            assert (s.blogp[s.mask == 0] == 0).all() and (s.blogp[s.mask == 1] <= 0).all() and s.n_gen > 0
+        for s in segs[1:]:                     # a summary context follows the prompt: '<summary>' + the summary's tokens
+            assert tok.decode(s.ids[len(prompt):].tolist()).startswith('<summary>')
+
+def test_rl_stage_starts_from_a_checkpoint_carrying_a_pretrained_tokenizer(chain, monkeypatch):
+    "The real rl stage (one step, local env, the sync backend) from cpt/ckpt: it trains and its checkpoint carries the tokenizer."
+    import composer2.stages.rl as S
+    ws = chain['ws']
+    monkeypatch.chdir(ws)
+    monkeypatch.setattr(S, 'curriculum_system', lambda: 'Act through tool calls.')     # a short prompt: the model has 512 positions
+    seen = []
+    real = S.run_rl
+    def spy(cfg, model, tokenizer_json, *a, **k):
+        seen.append(tokenizer_json); return real(cfg, model, tokenizer_json, *a, **k)
+    monkeypatch.setattr(S, 'run_rl', spy)
+    _params(ws / 'params_rl.yaml', rl=dict(init='cpt/ckpt', tokenizer='no/such/tokenizer', out_dir='rl', n_train_tasks=2, steps=1,
+                                           groups_per_step=1, group_size=2, backend='sync', env_backend='local', ckpt_every=1,
+                                           mismatch_every=0, categories=['docs'],
+                                           rollout=dict(max_new_tokens=4, max_turns=1, context_budget=200, summary_max_tokens=4,
+                                                        dtype='float32', env_threads=1)))
+    m = S.run('params_rl.yaml')
+    assert m['steps'] == 1 and np.isfinite(m['reward_first_quarter'])
+    assert json.loads(seen[0])['composer2_pretrained_tokenizer']['tokenizer.json'] == (chain['hfdir'] / 'tokenizer.json').read_text()
+    ck = ws / 'rl' / 'ckpt'
+    assert (ck / 'tokenizer.json').read_bytes() == (chain['hfdir'] / 'tokenizer.json').read_bytes()
+    assert isinstance(load_tokenizer(ck), PretrainedTokenizer)
+
+def test_eval_rollouts_of_a_checkpoint_carrying_a_pretrained_tokenizer(chain, monkeypatch):
+    "eval_rl's and screen's rollouts (`rl_eval._eval_ckpt`) of cpt/ckpt through its own template, where they used to refuse."
+    import functools
+    from composer2.curriculum import make_tasks
+    from composer2.rl_rollout import RolloutConfig, harness_env_factory
+    from composer2.rl_eval import _eval_ckpt
+    from composer2.tokenizer import stage_tokenizer
+    ws = chain['ws']
+    monkeypatch.chdir(ws)
+    tok = stage_tokenizer('no/such/tokenizer', ws / 'cpt' / 'ckpt')
+    jobs = [{'task': t, 'system': 'Act through tool calls.', 'prompt_id': t.id, 'group_id': i, 'group_size': 2}
+            for i, t in enumerate(make_tasks(2, 0, 'heldout', ['docs'], 0.0))]
+    rc = RolloutConfig(max_new_tokens=4, max_turns=1, context_budget=200, summary_max_tokens=4, dtype='float32', env_threads=1)
+    res, _ = _eval_ckpt(ws / 'cpt' / 'ckpt', tok, jobs, functools.partial(harness_env_factory, backend='local', max_turns=1),
+                        rc, 2, 0, 1)
+    assert [len(ts) for _, ts in res] == [2, 2] and all(t.segments and t.gen_tokens > 0 for _, ts in res for t in ts)
+    prompt = tok.prompt_ids([Message('system', 'Act through tool calls.'), Message('user', jobs[0]['task'].prompt)])
+    assert res[0][1][0].segments[0].ids[:len(prompt)].tolist() == prompt

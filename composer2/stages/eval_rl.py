@@ -50,7 +50,7 @@ def run(params: str = 'params.yaml') -> dict:
     for p in (cfg.sft_ckpt, cfg.rl_ckpt):
         if not (root / p / 'meta.json').exists(): raise FileNotFoundError(f'eval_rl: {p} is not a checkpoint')
     out.mkdir(parents=True, exist_ok=True)
-    tok = [stage_tokenizer(root / cfg.tokenizer, root / p, ours_only='eval_rl') for p in (cfg.sft_ckpt, cfg.rl_ckpt)][0]
+    tok = [stage_tokenizer(root / cfg.tokenizer, root / p) for p in (cfg.sft_ckpt, cfg.rl_ckpt)][0]
     jobs, source, fac = heldout_jobs(cfg, root)
     from dvclive import Live
     live = Live(str(root / live_dir('eval_rl')), dvcyaml=None, save_dvc_exp=False, report=None)

@@ -12,9 +12,10 @@ import numpy as np
 from ..config import load_section, write_resolved
 from ..curriculum import CATEGORIES, make_tasks
 from ..rewards import length_penalty
-from ..tokenizer import stage_tokenizer
+from ..tokenizer import stage_tokenizer, tokenizer_meta
 from ..train import load_model
 from ..rl_rollout import harness_env_factory, curriculum_system, reward_config
+from ..rl_transport import tokenizer_spec
 from ..rl import RLStageConfig, run_rl, category_counts
 from . import write_metrics, live_dir
 
@@ -46,7 +47,7 @@ def run(params: str = 'params.yaml') -> dict:
     root = Path.cwd(); out = root / cfg.out_dir
     if not (root / cfg.init / 'meta.json').exists():
         raise FileNotFoundError(f'rl.init: {cfg.init} is not a checkpoint (run the agent_sft stage first)')
-    tok = stage_tokenizer(root / cfg.tokenizer, root / cfg.init, ours_only='rl')     # the tokenizer init carries
+    tok = stage_tokenizer(root / cfg.tokenizer, root / cfg.init)     # the tokenizer init carries (ours, or a pretrained one)
     model, meta = load_model(root / cfg.init)
     tasks = make_tasks(cfg.n_train_tasks, cfg.task_seed, split='train', categories=cfg.categories or None)
     system = curriculum_system()
@@ -54,8 +55,8 @@ def run(params: str = 'params.yaml') -> dict:
     fac = functools.partial(harness_env_factory, backend=cfg.env_backend, max_turns=cfg.rollout.max_turns,
                             reward_cfg=reward_config(cfg.reward))
     out.mkdir(parents=True, exist_ok=True); write_resolved(out, rl=cfg)
-    hist = run_rl(cfg, model, tok.hf.to_str(), jobs, fac, out, live_dir=root / live_dir('rl'),
-                  meta={'init': cfg.init, 'init_step': meta.get('step')})
+    hist = run_rl(cfg, model, tokenizer_spec(tok), jobs, fac, out, live_dir=root / live_dir('rl'),
+                  meta={'init': cfg.init, 'init_step': meta.get('step'), **tokenizer_meta(tok)})
     m = train_metrics(cfg, hist, round(time.time() - t0, 1))
     if (out / 'ckpt' / 'meta.json').exists():      # which training categories carried a signal (informative groups)
         m['by_category'] = category_counts(json.loads((out / 'ckpt' / 'meta.json').read_text()).get('sampler', {}), jobs)
