@@ -13,7 +13,7 @@ from .env_base import INNER_ROOT, Limits, RunResult, bwrap_available, program_te
 from .tasks_data import HIDDEN, Task, TaskError
 
 # %% auto #0
-__all__ = ['PYFLAGS', 'SKIP_PARTS', 'runner_program', 'mask_addresses', 'TestRun', 'runner_argv', 'runner_command', 'run_hidden',
+__all__ = ['PYFLAGS', 'SKIP_PARTS', 'runner_program', 'mask_volatile', 'TestRun', 'runner_argv', 'runner_command', 'run_hidden',
            'LocalWorkspace', 'sandbox_available', 'write_tree', 'stdlib_dirs', 'package_copies', 'hidden_paths',
            'stdlib_modules_in', 'TaskEnv', 'tree_files', 'task_env', 'run_state', 'grade_env', 'Grade', 'grade_run',
            'validate_task']
@@ -26,11 +26,15 @@ def runner_program() -> str:
     return program_text('hidden_runner.py')
 
 PYFLAGS = '-S -E -s -B'
-_ADDRESS = re.compile(r'(?<= at )0x[0-9a-fA-F]+')
+_VOLATILE = [(re.compile(r'(?<= at )0x[0-9a-fA-F]+'), '0x?'),                                # <X object at 0x7f...>
+             (re.compile(r'\b(Ran \d+ tests?) in \d+(?:\.\d+)?s\b'), r'\1 in ?s'),                   # unittest's summary
+             (re.compile(r'\b(passed|failed|errors?|skipped|warnings?) in \d+(?:\.\d+)?s\b'), r'\1 in ?s')]  # pytest's
 
-def mask_addresses(text: str) -> str:
-    "Memory addresses in object reprs (`<X object at 0x7f...>`) as `0x?`: a failure message reads the same in every run."
-    return _ADDRESS.sub('0x?', text)
+def mask_volatile(text: str) -> str:
+    """A test's failure message without what differs from run to run: memory addresses in object reprs (`0x?`) and
+    the wall times of unittest's and pytest's summaries (`?s`)."""
+    for pat, rep in _VOLATILE: text = pat.sub(rep, text)
+    return text
 
 @dataclass
 class TestRun:
@@ -70,7 +74,7 @@ def run_hidden(ws, task: Task, timeout: float = 120, per_test_timeout: float = 1
     except Exception as e:
         return TestRun({}, {}, {}, {}, r.exit_code, r.timed_out, time.time() - t0,
                        f"no result file ({type(e).__name__}); exit {r.exit_code}; stderr: {(r.stderr or '')[-500:]}")
-    msgs = {t: mask_addresses(m) for t, m in d['messages'].items()}     # stored in task metadata: the same every run
+    msgs = {t: mask_volatile(m) for t, m in d['messages'].items()}     # stored in task metadata: the same every run
     return TestRun(d['results'], msgs, d['imports'], d['load_errors'], r.exit_code, r.timed_out, time.time() - t0)
 
 # %% ../nbs/6_harness/05_tasks_grade.ipynb #c009
