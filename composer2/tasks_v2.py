@@ -148,39 +148,47 @@ GENERATORS = {'feature_class': gen_feature_class, 'feature_funcs': gen_feature_f
 def build_v2(repos: list[Repo], plan: dict[str, int], seed: int = 0, runs: int = 3, timeout: float = 60, backend: str = 'sandbox',
              workers: int = 2, rounds: int = 3, extra: dict | None = None, cap: int = 15, top_up=None, log=None) -> tuple[list[Task], dict]:
     """Generate and validate tasks: `plan[template]` validated tasks of each template, spread round-robin over the repos;
-    candidates are validated `workers` at a time. Where a template falls short, the others top the set up to `sum(plan)`,
+    candidates are validated `workers` at a time (a repo's first candidate while the next repos' are generated), sharing one cache of test runs (a repo state is run `runs` times once: the
+    gold state many templates share, and the broken state's quick first run again). Where a template falls short, the others top the set up to `sum(plan)`,
     none beyond `cap` tasks (plan order: list the templates with
     large changes first, they top up first; `top_up`: the templates allowed to, default all). `extra[template][repo]`: extra generator kwargs."""
-    import random
+    import random, time
     bad = set(plan) - set(GENERATORS)
     if bad: raise TaskError(f"tasks_v2.plan: unknown templates {sorted(bad)}; templates: {sorted(GENERATORS)}")
-    rng = random.Random(seed); reports, tried, seen, got = [], {}, set(), {t: [] for t in plan}
+    rng = random.Random(seed); reports, tried, seen, got, cache = [], {}, set(), {t: [] for t in plan}, {}
     def fill(tpl, need):
+        t0 = time.time()
         for r in range(rounds):
             if len(got[tpl]) >= need: break
-            cands, by = [], {}
+            cands, by, early, lim = [], {}, {}, max(0, (need - len(got[tpl])) * 2)
             per = max(1, -(-(need - len(got[tpl])) * (2 if r else 1) // max(1, len(repos))))
-            for repo in repos:
-                kw = ((extra or {}).get(tpl) or {}).get(repo.name, {})
-                for c in GENERATORS[tpl](repo, random.Random(rng.random()), per, **kw):
-                    key = sha256_text(json.dumps([c.files, c.solution, c.hidden_tests], sort_keys=True))
-                    if key not in seen: seen.add(key); by.setdefault(c.id, []).append(c)
-            while any(by.values()):    # interleave repos so an early stop keeps the mix
-                for k in list(by):
-                    if by[k]: cands.append(by[k].pop(0))
-            cands = cands[:max(0, (need - len(got[tpl])) * 2)]
-            tried[tpl] = tried.get(tpl, 0) + len(cands)
+            val = lambda c: validate_task(c, backend, runs=runs, cache=cache, timeout=timeout)
             with ThreadPoolExecutor(max(1, workers)) as ex:
-                res = list(ex.map(lambda c: validate_task(c, backend, runs=runs, timeout=timeout), cands))
+                for repo in repos:
+                    kw = ((extra or {}).get(tpl) or {}).get(repo.name, {})
+                    for c in GENERATORS[tpl](repo, random.Random(rng.random()), per, **kw):
+                        key = sha256_text(json.dumps([c.files, c.solution, c.hidden_tests], sort_keys=True))
+                        if key in seen: continue
+                        seen.add(key)
+                        if c.id not in by and len(by) < lim: early[id(c)] = ex.submit(val, c)   # first of its repo: index len(by), kept
+                        by.setdefault(c.id, []).append(c)
+                while any(by.values()):    # interleave repos so an early stop keeps the mix
+                    for k in list(by):
+                        if by[k]: cands.append(by[k].pop(0))
+                cands = cands[:lim]
+                tried[tpl] = tried.get(tpl, 0) + len(cands)
+                futs = [early.get(id(c)) or ex.submit(val, c) for c in cands]
+                res = [f.result() for f in futs]
             for c, (v, rep) in zip(cands, res):
                 reports.append({**rep, 'template': tpl})
                 if v is not None and len(got[tpl]) < need: got[tpl].append(v)
-        if log: log(f"  {tpl}: {len(got[tpl])} of {need} validated ({tried.get(tpl, 0)} candidates)")
+        if log: log(f"  {tpl}: {len(got[tpl])} of {need} validated ({tried.get(tpl, 0)} candidates, {time.time() - t0:.0f}s)")
     for tpl, need in plan.items(): fill(tpl, need)
     for tpl in [t for t in plan if top_up is None or t in top_up]:   # top up from the templates with room
         short = sum(plan.values()) - sum(map(len, got.values()))
         if short <= 0: break
         if len(got[tpl]) >= plan[tpl]: fill(tpl, min(cap, len(got[tpl]) + short))
+    if log: log(f"  {sum(map(len, cache.values()))} test runs of {len(cache)} distinct repo states")
     out = []
     for tpl in plan:
         for i, v in enumerate(got[tpl]):

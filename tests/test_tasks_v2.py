@@ -134,3 +134,42 @@ def test_config_rejects_unknown_templates():
     with pytest.raises(Exception, match='unknown templates'): V.TasksV2Config(plan={'rewrite_it_all': 1})
     cfg = V.TasksV2Config(sdists=[V.SdistSource('cachetools', '5.5.0', 'ab' * 32, 'cachetools')])
     assert cfg.out_dir == 'data/tasks_v2' and cfg.sdists[0].package == 'cachetools'
+
+def _reference_build(repos, plan, seed, fake, rounds=3):
+    "The plain serial algorithm build_v2 must match: generate every repo, interleave, keep 2x the shortfall, validate in order."
+    import hashlib
+    rng = random.Random(seed); got, seen, order = {t: [] for t in plan}, set(), []
+    for tpl, need in plan.items():
+        for r in range(rounds):
+            if len(got[tpl]) >= need: break
+            by = {}
+            per = max(1, -(-(need - len(got[tpl])) * (2 if r else 1) // len(repos)))
+            for repo in repos:
+                for c in V.GENERATORS[tpl](repo, random.Random(rng.random()), per):
+                    key = hashlib.sha256(json.dumps([c.files, c.solution, c.hidden_tests], sort_keys=True).encode()).hexdigest()
+                    if key not in seen: seen.add(key); by.setdefault(c.id, []).append(c)
+            cands = []
+            while any(by.values()):
+                for k in list(by):
+                    if by[k]: cands.append(by[k].pop(0))
+            for c in cands[:(need - len(got[tpl])) * 2]:
+                v, _ = fake(c); order.append(c.id)
+                if v is not None and len(got[tpl]) < need: got[tpl].append(v)
+    return [(v.id, v.files) for tpl in plan for v in got[tpl]], order
+
+def test_build_v2_validates_exactly_the_candidates_of_the_serial_algorithm(monkeypatch):
+    import hashlib, threading, time
+    calls, caches = [], set()
+    def fake(task, backend='sandbox', runs=3, cache=None, timeout=12, **kw):
+        h = int(hashlib.sha256(json.dumps([task.files, task.solution], sort_keys=True).encode()).hexdigest(), 16)
+        if cache is not None: calls.append(task.id); caches.add(id(cache)); time.sleep((h % 5) / 1000)   # out-of-order finishes
+        ok = h % 3 != 0
+        return (V.dataclasses.replace(task, fail_to_pass=['t.T.test_x']) if ok else None), {'id': task.id, 'ok': ok, 'reasons': [] if ok else ['no'], 'flaky': []}
+    monkeypatch.setattr(V, 'validate_task', fake)
+    repos = [V.Repo.from_stdlib(m) for m in ['textwrap', 'shlex', 'fractions']]
+    plan = {'debug_multi': 4, 'feature_funcs': 1}   # 1: a shortfall of 2 candidates from 3 repos
+    want, order = _reference_build(repos, plan, 0, fake)
+    out, info = V.build_v2(repos, plan, seed=0, workers=3, top_up=[])
+    assert [(t.id.rsplit('-', 1)[0], t.files) for t in out] == want        # same tasks, same order
+    assert sorted(calls) == sorted(order) and sum(info['candidates'].values()) == len(order)   # each candidate validated once, no extra
+    assert len(caches) == 1                                                  # one shared cache of test runs

@@ -96,7 +96,7 @@ def run_v2(params: str = 'params.yaml') -> dict:
     std = [t for t in bench if t.source == 'stdlib']
     contam = {'names': check_contamination(std, exc) if std else {},
               'dropped': {'tasks': first['hit_tasks'], 'examples': first['hit_examples']},
-              'content': scan_content(bench, corpora, cfg.min_shared_shingles)}   # the frozen set: zero hits or the stage fails
+              'content': scan_content(bench, corpora, cfg.min_shared_shingles) if first['hit_tasks'] else first}   # the frozen set: zero hits or the stage fails (nothing dropped: the first scan was of it)
     bench_file = out_dir / f'{cfg.bench_name}-{cfg.version}.jsonl'
     sha = save_tasks(bench, bench_file)
     stats = set_stats_v2(bench)
