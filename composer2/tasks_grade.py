@@ -13,10 +13,10 @@ from .env_base import INNER_ROOT, Limits, RunResult, bwrap_available, program_te
 from .tasks_data import HIDDEN, Task, TaskError
 
 # %% auto #0
-__all__ = ['PYFLAGS', 'SKIP_PARTS', 'runner_program', 'mask_volatile', 'TestRun', 'runner_argv', 'runner_command', 'run_hidden',
-           'LocalWorkspace', 'sandbox_available', 'write_tree', 'stdlib_dirs', 'package_copies', 'hidden_paths',
-           'stdlib_modules_in', 'TaskEnv', 'tree_files', 'task_env', 'run_state', 'grade_env', 'Grade', 'grade_run',
-           'validate_task']
+__all__ = ['PYFLAGS', 'MESSAGE_CHARS', 'SKIP_PARTS', 'runner_program', 'mask_volatile', 'TestRun', 'runner_argv',
+           'runner_command', 'run_hidden', 'LocalWorkspace', 'sandbox_available', 'write_tree', 'stdlib_dirs',
+           'package_copies', 'hidden_paths', 'stdlib_modules_in', 'TaskEnv', 'tree_files', 'task_env', 'run_state',
+           'grade_env', 'Grade', 'grade_run', 'validate_task']
 
 # %% ../nbs/6_harness/05_tasks_grade.ipynb #c007
 _READS = ('programs/hidden_runner.py',)   # the grading runner, run inside the sandbox
@@ -26,13 +26,18 @@ def runner_program() -> str:
     return program_text('hidden_runner.py')
 
 PYFLAGS = '-S -E -s -B'
-_VOLATILE = [(re.compile(r'(?<= at )0x[0-9a-fA-F]+'), '0x?'),                                # <X object at 0x7f...>
+_VOLATILE = [(re.compile(r'0x[0-9a-fA-F]{6,}'), '0x?'),                                      # <X object at 0x7f...>
+             (re.compile(r'(^|chars\])x?[0-9a-fA-F]+(?=>)'), r'\1?'),           # an address's tail after a cut
+             (re.compile(r'\[\d+ chars\]'), '[? chars]'), (re.compile(r'\bDiff is \d+ characters'), 'Diff is ? characters'),
              (re.compile(r'\b(Ran \d+ tests?) in \d+(?:\.\d+)?s\b'), r'\1 in ?s'),                   # unittest's summary
              (re.compile(r'\b(passed|failed|errors?|skipped|warnings?) in \d+(?:\.\d+)?s\b'), r'\1 in ?s')]  # pytest's
 
+MESSAGE_CHARS = 400      # the tail of a failure message that a test run keeps
+
 def mask_volatile(text: str) -> str:
-    """A test's failure message without what differs from run to run: memory addresses in object reprs (`0x?`) and
-    the wall times of unittest's and pytest's summaries (`?s`)."""
+    """A test's failure message without what differs from run to run: memory addresses in object reprs (`0x?`, also
+    an address's tail where unittest shortened a repr, and the lengths it reports) and the wall times of unittest's
+    and pytest's summaries (`?s`). Hex numbers of six or more digits are masked as addresses."""
     for pat, rep in _VOLATILE: text = pat.sub(rep, text)
     return text
 
@@ -74,7 +79,8 @@ def run_hidden(ws, task: Task, timeout: float = 120, per_test_timeout: float = 1
     except Exception as e:
         return TestRun({}, {}, {}, {}, r.exit_code, r.timed_out, time.time() - t0,
                        f"no result file ({type(e).__name__}); exit {r.exit_code}; stderr: {(r.stderr or '')[-500:]}")
-    msgs = {t: mask_volatile(m) for t, m in d['messages'].items()}     # stored in task metadata: the same every run
+    # stored in task metadata: masked before the tail is cut, so an address at the cut is masked whole
+    msgs = {t: mask_volatile(m)[-MESSAGE_CHARS:] for t, m in d['messages'].items()}
     return TestRun(d['results'], msgs, d['imports'], d['load_errors'], r.exit_code, r.timed_out, time.time() - t0)
 
 # %% ../nbs/6_harness/05_tasks_grade.ipynb #c009

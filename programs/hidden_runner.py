@@ -31,7 +31,7 @@ class Result(unittest.TestResult):
         out['results'][tid] = s
         if err is not None:
             lines = traceback.format_exception_only(err[0], err[1])
-            out['messages'][tid] = ''.join(lines).strip()[-400:]
+            out['messages'][tid] = ''.join(lines).strip()[-20000:]   # the grader masks run-specific text, then keeps the tail
     def addSuccess(self, t): self._set(t, 'pass')
     def addFailure(self, t, err): self._set(t, 'fail', err)
     def addError(self, t, err): self._set(t, 'error', err)

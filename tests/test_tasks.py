@@ -1,10 +1,11 @@
 "Task synthesis: sources and exclusions, mutations, generators, prompts, validation (F2P/P2P, flaky tests), contamination."
-import dataclasses, hashlib, json, random
+import dataclasses, hashlib, json, random, re
 from pathlib import Path
 
 import pytest
 
 from composer2 import tasks as T
+from composer2.tasks_grade import MESSAGE_CHARS
 
 pytestmark = pytest.mark.skipif(T.stdlib_test_dir(required=False) is None,
                                 reason='the Python stdlib test package is missing: task synthesis needs it')
@@ -117,12 +118,17 @@ def test_validation_drops_a_flaky_test(tmp_path):
 
 def test_failure_messages_are_stored_without_memory_addresses():
     # A failing assertion that prints object reprs carries addresses that differ per process; the validated task
-    # keeps the message (debug prompts quote it), so two validations must store the same bytes.
+    # keeps the message (debug prompts quote it), so two validations must store the same bytes. Two shapes: unittest
+    # shortens a long dict repr (leaving an address's tail), and a long message is cut to its tail, possibly inside
+    # an address.
     obj = ('import unittest, toymod\nclass O(unittest.TestCase):\n'
-           '    def test_obj(self): self.assertEqual({} if toymod.sign(1) == 1 else {"o": object()}, {})\n')
+           '    def test_obj(self): self.assertEqual({} if toymod.sign(1) == 1 else {f"o{i}": object() for i in range(40)}, {})\n'
+           '    def test_long(self):\n        if toymod.sign(1) != 1: self.fail(repr([object() for _ in range(40)]))\n')
     t = toy(hidden_tests={'test_toy.py': TESTS, 'test_obj.py': obj}, test_modules=['test_toy', 'test_obj'])
     got = [T.validate_task(t, backend='local', runs=1)[0].metadata['f2p_messages'] for _ in range(2)]
-    assert 'object at 0x?>' in got[0]['test_obj.O.test_obj'] and got[0] == got[1]
+    short, long = got[0]['test_obj.O.test_obj'], got[0]['test_obj.O.test_long']
+    assert got[0] == got[1] and 'object at 0x?>' in short and len(long) == MESSAGE_CHARS
+    assert not re.search(r'[0-9a-fA-F]>', short + long), (short, long)     # no address or tail of one is left
 
 @needs_sandbox
 def test_graded_run_imports_workspace_copy_of_startup_modules():
