@@ -14,8 +14,8 @@ from .config import ConfigError, repo_root
 
 # %% auto #0
 __all__ = ['LAYERS', 'MODULE_LAYERS', 'PREFIX_LAYERS', 'layer_of', 'Edge', 'package_modules', 'module_imports', 'import_graph',
-           'find_cycles', 'layer_violations', 'stage_table', 'closure', 'module_reads', 'stage_code_deps', 'dvc_deps',
-           'main']
+           'find_cycles', 'layer_violations', 'stage_table', 'closure', 'module_reads', 'stage_code_deps',
+           'module_code_deps', 'dvc_deps', 'main']
 
 # %% ../nbs/9_cli/00_graph.ipynb #c004
 LAYERS = ('core', 'numerics', 'data', 'model', 'parallel', 'train', 'harness', 'rl', 'stages', 'cli')
@@ -181,7 +181,17 @@ def stage_code_deps(stage: str, pkg: Path | None = None) -> list[str]:
     known, edges = import_graph(pkg)
     entry = _resolve(table[stage].split(':')[0][len('composer2.'):], known)
     if entry is None: raise ConfigError(f"stage '{stage}': module {table[stage]} does not exist in {pkg}")
-    mods = closure(['cli', entry], edges, known)
+    return _code_files(closure(['cli', entry], edges, known), known, pkg)
+
+def module_code_deps(module: str, pkg: Path | None = None) -> list[str]:
+    "The same for a stage run as `python -m composer2.MODULE` (the studies pipeline): the module's own import closure."
+    pkg = Path(pkg) if pkg else repo_root() / 'composer2'
+    known, edges = import_graph(pkg)
+    entry = _resolve(module[len(pkg.name) + 1:] if module.startswith(pkg.name + '.') else module, known)
+    if entry is None: raise ConfigError(f"python -m {module}: no such module in {pkg}")
+    return _code_files(closure([entry], edges, known), known, pkg)
+
+def _code_files(mods, known, pkg: Path) -> list[str]:
     root = pkg.parent
     files = {known[m].relative_to(root).as_posix() for m in mods} | {(pkg / '__init__.py').relative_to(root).as_posix()}
     for m in mods:
@@ -200,38 +210,45 @@ def dvc_deps(dvc_yaml=None, write: bool = False) -> dict[str, dict]:
     "Per stage: {'missing': [...], 'extra': [...]} code deps against `dvc.yaml`; `write=True` fixes the file."
     dvc_yaml = Path(dvc_yaml) if dvc_yaml else repo_root() / 'dvc.yaml'
     if not dvc_yaml.exists(): raise FileNotFoundError(f"{dvc_yaml} does not exist")
-    root = dvc_yaml.resolve().parent; pkg = root / 'composer2'
-    known, _ = import_graph(pkg)
-    globs = [g for p in known.values() for g in module_reads(p)]
     if write:
         from ruamel.yaml import YAML
         y = YAML(); y.preserve_quotes = True; y.width = 120
         doc = y.load(dvc_yaml.read_text())
     else: doc = yaml.safe_load(dvc_yaml.read_text())
     report = {}
-    for name, st in (doc.get('stages') or {}).items():
-        m = re.fullmatch(r'composer2 stage (\w+)', str(st.get('cmd', '')).strip())
+    for name, top in (doc.get('stages') or {}).items():
+        st = top.get('do', top)            # a `foreach` stage: its template
+        m = re.fullmatch(r'composer2 stage (\w+)|python -m (composer2(?:\.\w+)+)(?: .*)?', str(st.get('cmd', '')).strip())
         if not m: continue
+        pkg = (dvc_yaml.resolve().parent / str(st.get('wdir', '.'))).resolve() / 'composer2'   # paths are relative to wdir
+        known, _ = import_graph(pkg)
+        globs = [g for p in known.values() for g in module_reads(p)]
         deps = [str(d) for d in st.get('deps', [])]
-        want = stage_code_deps(m.group(1), pkg)
+        want = stage_code_deps(m.group(1), pkg) if m.group(1) else module_code_deps(m.group(2), pkg)
         have = [d for d in deps if _is_code(d, 'composer2', globs)]
         report[name] = {'missing': sorted(set(want) - set(have)), 'extra': sorted(set(have) - set(want))}
         if write and (report[name]['missing'] or report[name]['extra'] or have != want):
-            st['deps'] = want + [d for d in deps if not _is_code(d, 'composer2', globs)]
-    if write:
+            st['deps'] = want + [d for d in deps if not _is_code(d, 'composer2', globs)]; report[name]['order'] = True
+    if write and any(v['missing'] or v['extra'] or v.get('order') for v in report.values()):   # untouched files stay byte-identical
         import io as _io
         buf = _io.StringIO(); y.dump(doc, buf); dvc_yaml.write_text(buf.getvalue())
-    return {k: v for k, v in report.items() if v['missing'] or v['extra']}
+    return {k: {'missing': v['missing'], 'extra': v['extra']} for k, v in report.items() if v['missing'] or v['extra']}
 
 # %% ../nbs/9_cli/00_graph.ipynb #c021
 def main(argv=None) -> int:
-    "`composer2 dvc-deps [--check] [--dvc-yaml PATH]`: derive every stage's code dependencies into dvc.yaml, or check them."
+    """`composer2 dvc-deps [--check] [--dvc-yaml PATH]`: derive every stage's code dependencies into dvc.yaml and
+    studies/dvc.yaml (the studies pipeline), or check them."""
     import argparse, sys
     ap = argparse.ArgumentParser(prog='composer2 dvc-deps', description=main.__doc__)
     ap.add_argument('--check', action='store_true', help='only compare; exit 1 if dvc.yaml differs from the code')
     ap.add_argument('--dvc-yaml', default=None)
     a = ap.parse_args(argv)
-    diff = dvc_deps(a.dvc_yaml, write=not a.check)
+    root = repo_root()
+    files = [Path(a.dvc_yaml)] if a.dvc_yaml else [p for p in (root / 'dvc.yaml', root / 'studies' / 'dvc.yaml') if p.exists()]
+    diff = {}
+    for f in files:
+        where = '' if f.name == 'dvc.yaml' and f.parent.resolve() == root.resolve() else f'{f}:'
+        diff.update({where + k: v for k, v in dvc_deps(f, write=not a.check).items()})
     for st, d in (diff if a.check else {}).items():
         for f in d['missing']: print(f"{st}: missing code dependency {f}", file=sys.stderr)
         for f in d['extra']: print(f"{st}: lists {f}, which the stage cannot import or read", file=sys.stderr)
