@@ -8,7 +8,7 @@ STAMP := $(VENV)/.composer2-installed
 PROFILE ?= default
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install test test-fast repro nbcheck export clean-nbs bench report sysdeps notebooks lab dvc-deps
+.PHONY: install test test-fast repro studies nbcheck export clean-nbs bench report sysdeps notebooks lab dvc-deps
 
 $(STAMP): requirements.lock settings.ini setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,14 @@ export: $(STAMP)
 repro: install
 	@if [ "$(PROFILE)" = default ]; then $(BIN)/dvc repro; \
 	else $(BIN)/composer2 workspace $(PROFILE) runs/$(PROFILE) && cd runs/$(PROFILE) && $(CURDIR)/$(BIN)/dvc repro; fi
+
+# The studies of issue 23 (studies/dvc.yaml): RL over seeds on the sealed test draw and the ablations, each run from
+# the default pipeline's agent-SFT checkpoint (run `make repro` first). Not part of `make repro`: about 3.5 hours on
+# 2 cores for every run in params.yaml's `studies` section; DVC skips what already ran and an interrupted RL run resumes
+# from its last checkpoint. The report card is rendered again afterwards, since it shows the studies' results.
+studies: install
+	$(BIN)/dvc repro studies/dvc.yaml
+	$(BIN)/dvc repro --force --single-item report_card
 
 bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

@@ -47,6 +47,16 @@ def test_planted_undeclared_import_fails_the_dvc_check(pkg_copy):
     dvc_deps(pkg_copy / 'dvc.yaml', write=True)
     assert dvc_deps(pkg_copy / 'dvc.yaml') == {}
 
+def test_studies_dvc_yaml_lists_its_code_deps_and_catches_a_planted_import(pkg_copy):
+    assert dvc_deps(ROOT / 'studies' / 'dvc.yaml') == {}
+    (pkg_copy / 'studies').mkdir(); shutil.copy(ROOT / 'studies' / 'dvc.yaml', pkg_copy / 'studies' / 'dvc.yaml')
+    with open(pkg_copy / 'composer2' / 'stages' / 'studies.py', 'a') as f: f.write('\ndef _planted():\n    import composer2.serve\n')
+    d = dvc_deps(pkg_copy / 'studies' / 'dvc.yaml')
+    assert set(d) == {'study_tasks', 'study_rl', 'study_eval', 'study_summary'}    # a foreach stage is checked once, by its template
+    assert all('composer2/serve.py' in v['missing'] for v in d.values()), d
+    dvc_deps(pkg_copy / 'studies' / 'dvc.yaml', write=True)
+    assert dvc_deps(pkg_copy / 'studies' / 'dvc.yaml') == {}
+
 def _code_cells(nb):
     return [''.join(c['source']) for c in json.loads(nb.read_text())['cells'] if c['cell_type'] == 'code']
 

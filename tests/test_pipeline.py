@@ -59,3 +59,25 @@ def test_smoke_pipeline_runs_every_stage(tmp_path):
     bad = subprocess.run([str(BIN / 'composer2'), 'screen', 'data/rl/ckpt', '--samples', 'bad.jsonl'], cwd=ws, env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and 'bad.jsonl:1: not an eval_rl sample' in bad.stderr, bad.stderr
+    # the studies pipeline: never run by the default `dvc repro`; on the smoke checkpoints, two RL seeds, one arm without
+    # router replay, the test draw scored, and the summary pooled
+    assert not (ws / 'data' / 'studies').exists()
+    (ws / 'studies').mkdir(); (ws / 'studies' / 'dvc.yaml').write_text((ROOT / 'studies' / 'dvc.yaml').read_text())
+    p = yaml.safe_load((ws / 'params.yaml').read_text()); s = p['studies']
+    s.update(n_test=3, looked_at_n=4, runs={'rl_s1': {'seed': 1}, 'rl_s2': {'seed': 2}, 'off_s1': {'seed': 1, 'loss': {'router_replay': False}}},
+             evaluate={'agent_sft': 'data/agent_sft/ckpt', 'rl_s1': 'data/studies/rl/rl_s1', 'rl_s2': 'data/studies/rl/rl_s2'},
+             replication=['rl_s1', 'rl_s2'], ablations={'router_replay': {'replay': ['rl_s1'], 'no_replay': ['off_s1']}})
+    s['eval'].update(k=2, groups_per_batch=3, threads=1, rollout={**s['eval']['rollout'], **p['eval_rl']['rollout']})
+    (ws / 'params.yaml').write_text(yaml.safe_dump(p, sort_keys=False))
+    r = subprocess.run([str(BIN / 'dvc'), 'repro', 'studies/dvc.yaml'], cwd=ws, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    head = json.loads((m / 'studies.json').read_text())
+    assert head['test_seed'] == 11 and head['replication_k1']['seeds'] == 2 and len(head['replication_k2']['per_seed']) == 2
+    assert head['router_replay']['no_replay']['seeds'] == 1
+    ev = [json.loads((m / 'studies' / f'eval_{n}.json').read_text()) for n in ('agent_sft', 'rl_s1')]
+    assert ev[0]['tasks'] == ev[1]['tasks'] and len(ev[0]['tasks']) == 3
+    held = {json.loads(l)['id'] for l in (ws / 'data' / 'agent_sft' / 'heldout_tasks.jsonl').read_text().splitlines()}
+    assert not held & set(ev[0]['tasks'])          # the sealed draw leaves out the held-out tasks settings were chosen on
+    assert json.loads((ws / 'data' / 'studies' / 'rl' / 'off_s1' / 'config.json').read_text())['rl']['loss']['router_replay'] is False
+    r2 = subprocess.run([str(BIN / 'dvc'), 'status'], cwd=ws, env=env, capture_output=True, text=True)
+    assert 'up to date' in r2.stdout.lower(), r2.stdout
