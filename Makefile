@@ -70,7 +70,7 @@ repro: install
 	else $(BIN)/composer2 workspace $(PROFILE) runs/$(PROFILE) && cd runs/$(PROFILE) && $(CURDIR)/$(BIN)/dvc repro; fi
 
 # The studies of issue 23 (studies/dvc.yaml): RL over seeds on the sealed test draw and the ablations, each run from
-# the default pipeline's agent-SFT checkpoint (run `make repro` first). Not part of `make repro`: about 3.5 hours on
+# the default pipeline's agent-SFT checkpoint (run `make repro` first). Not part of `make repro`: about 5 hours on
 # 2 cores for every run in params.yaml's `studies` section; DVC skips what already ran and an interrupted RL run resumes
 # from its last checkpoint. The report card is rendered again afterwards, since it shows the studies' results.
 studies: install
