@@ -56,5 +56,6 @@ def evaluate_checkpoints(cfg: EvalConfig) -> dict:
                          'ppl_heldout_long': perplexity(m, held, cfg.long_len, cfg.long_windows),
                          'sft_heldout_loss': completion_loss(m, tasks), 'step': meta['step'],
                          'rope_scaling': meta['model_config']['rope_scaling']['kind'],
+                         'params_total': m.num_params(), 'params_active': m.num_params(active=True),   # for FLOPs per token
                          **({'tokenizer': meta.get('tokenizer_source', meta['tokenizer'])} if meta.get('tokenizer') else {})}
     return out

@@ -12,7 +12,7 @@ def test_smoke_pipeline_runs_every_stage(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     m = ws / 'reports' / 'metrics'
     ev = json.loads((m / 'eval.json').read_text())
-    assert set(ev) == {'base', 'cpt', 'long_context', 'sft'}
+    assert set(ev) == {'base', 'cpt', 'long_context', 'sft', 'agent_sft', 'rl'} and ev['rl']['params_active'] < ev['rl']['params_total']
     for v in ev.values(): assert v['ppl_heldout_short'] > 1 and v['ppl_heldout_long'] > 1
     for stage in ['data', 'tokenizer', 'base', 'cpt', 'long_context', 'sft']: assert (m / f'{stage}.json').exists()
     cfg = json.loads((ws / 'data' / 'base' / 'config.json').read_text())
