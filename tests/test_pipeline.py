@@ -68,12 +68,16 @@ def test_smoke_pipeline_runs_every_stage(tmp_path):
              evaluate={'agent_sft': 'data/agent_sft/ckpt', 'rl_s1': 'data/studies/rl/rl_s1', 'rl_s2': 'data/studies/rl/rl_s2'},
              replication=['rl_s1', 'rl_s2'], ablations={'router_replay': {'replay': ['rl_s1'], 'no_replay': ['off_s1']}})
     s['eval'].update(k=2, groups_per_batch=3, threads=1, rollout={**s['eval']['rollout'], **p['eval_rl']['rollout']})
+    p['study_bench'].update(checkpoints={'agent_sft': 'data/agent_sft/ckpt'}, groups_per_batch=3, threads=1,
+                            rollout={**p['study_bench']['rollout'], **p['eval_rl']['rollout']})
     (ws / 'params.yaml').write_text(yaml.safe_dump(p, sort_keys=False))
     r = subprocess.run([str(BIN / 'dvc'), 'repro', 'studies/dvc.yaml'], cwd=ws, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     head = json.loads((m / 'studies.json').read_text())
     assert head['test_seed'] == 11 and head['replication_k1']['seeds'] == 2 and len(head['replication_k2']['per_seed']) == 2
     assert head['router_replay']['no_replay']['seeds'] == 1
+    bv = json.loads((m / 'studies' / 'bench_agent_sft.json').read_text())
+    assert bv['set'] == 'ReserveBench-v2' and bv['n_tasks'] == len(bv['rows']) + len(bv['skipped_too_long']) > 0
     ev = [json.loads((m / 'studies' / f'eval_{n}.json').read_text()) for n in ('agent_sft', 'rl_s1')]
     assert ev[0]['tasks'] == ev[1]['tasks'] and len(ev[0]['tasks']) == 3
     held = {json.loads(l)['id'] for l in (ws / 'data' / 'agent_sft' / 'heldout_tasks.jsonl').read_text().splitlines()}
