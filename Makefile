@@ -37,9 +37,13 @@ nbcheck: $(STAMP)
 
 # Numerics-sensitive tests run a second time on ATen's portable kernels (no AVX2/AVX512), so a result that only
 # holds on one CPU's vector path fails here rather than on a user's machine.
+# pytest-xdist: every test sets torch to one thread, so one worker per core (a whole file per worker, so module
+# fixtures are built once) halves the wall time; TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+XDIST := $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: install nbcheck
-	$(BIN)/python -m pytest -q tests
-	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m numerics tests
+	$(BIN)/python -m pytest -q $(XDIST) tests
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q $(XDIST) -m numerics tests
 	$(BIN)/nbdev_test --n_workers 2 --timing
 
 # Every notebook top to bottom as a user runs it in Jupyter (no IN_TEST), each within NB_TIMEOUT seconds.
@@ -60,7 +64,7 @@ dvc-deps: $(STAMP)
 	$(BIN)/composer2 dvc-deps
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -x tests -m "not slow"
+	$(BIN)/python -m pytest -q -x $(XDIST) tests -m "not slow"
 
 export: $(STAMP)
 	$(BIN)/nbdev_export && $(BIN)/nbdev_clean

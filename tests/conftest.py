@@ -10,6 +10,14 @@ def _threads():
     torch.set_num_threads(1)
     yield
 
+@pytest.fixture
+def ray_serial():
+    "Ray tests one at a time across pytest-xdist workers: each starts its own local instance (`address='local'`), and two
+    instances starting at once on two cores can time each other's startup out."
+    from filelock import FileLock
+    import tempfile
+    with FileLock(os.path.join(tempfile.gettempdir(), 'composer2-tests-ray.lock')): yield
+
 def tiny_cfg(**kw):
     from composer2.model import ModelConfig
     base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2, d_expert=16, max_seq_len=64)

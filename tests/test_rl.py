@@ -247,11 +247,11 @@ def test_training_categories_narrow_the_tasks_and_are_counted():
 
 
 @pytest.mark.slow
-def test_ray_backend_runs_workers_as_actors(setup, tmp_path):
+def test_ray_backend_runs_workers_as_actors(setup, tmp_path, ray_serial):
     pytest.importorskip('ray')
     import ray
     tok, codec, model = setup
-    try: ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try: ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False)
     except Exception as e:      # an overloaded machine can time Ray's own node startup out: that is not this code's failure
         if 'timed out during startup' in str(e): pytest.skip(f'local Ray instance did not start: {e}')
         raise

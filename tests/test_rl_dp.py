@@ -65,7 +65,7 @@ def _rank_run(rank, world, out_dir, backend, steps=2):
     skip = None
     if backend == 'ray' and rank == 0:
         import ray
-        try: ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try: ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False)
         except Exception as e:  # an overloaded machine can time Ray's own node startup out: not this code's failure
             if 'timed out during startup' not in str(e): raise
             skip = str(e)
@@ -104,7 +104,7 @@ def _check_two_rank_run(ranks, out_dir):
 
 
 @pytest.mark.slow
-def test_two_trainer_ranks_with_ray_workers_train_and_first_update_equals_one_rank(tmp_path):
+def test_two_trainer_ranks_with_ray_workers_train_and_first_update_equals_one_rank(tmp_path, ray_serial):
     pytest.importorskip('ray')
     ranks = spawn_local(_rank_run, 2, tmp_path, 'ray')
     if 'skip' in ranks[0]: pytest.skip(f"local Ray instance did not start: {ranks[0]['skip']}")
