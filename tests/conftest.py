@@ -12,8 +12,8 @@ def _threads():
 
 @pytest.fixture
 def ray_serial():
-    "Ray tests one at a time across pytest-xdist workers: each starts its own local instance (`address='local'`), and two
-    instances starting at once on two cores can time each other's startup out."
+    """Ray tests one at a time across pytest-xdist workers: each starts its own local instance (`address='local'`), and two
+    instances starting at once on two cores can time each other's startup out."""
     from filelock import FileLock
     import tempfile
     with FileLock(os.path.join(tempfile.gettempdir(), 'composer2-tests-ray.lock')): yield
