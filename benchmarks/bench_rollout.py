@@ -38,7 +38,7 @@ def main():
     spec = WorkerSpec(to_dict(model.cfg), tok.hf.to_str(), rc, fac, len(jobs), 1, 0)
     rmodel, codec = build_rollout_model(spec); RR.load_state_into(rmodel, RR.publishable_state(model))
 
-    T = {'advance': 0.0, 'forward': 0.0, 'steps': 0}
+    T = {'advance': 0.0, 'forward': 0.0}
     def timed(key, f):
         def g(*args, **kw):
             t = time.perf_counter(); out = f(*args, **kw); T[key] += time.perf_counter() - t; return out
@@ -58,10 +58,10 @@ def main():
     print(f'RATIO decode steps / wall = {T["advance"] / wall:.2f}  (model forward {T["forward"] / wall:.2f})')
     print(f'RATIO tool calls, resets, grading and loop / wall = {(wall - T["advance"]) / wall:.2f}')
 
+    from composer2.decoding import KVCache
     per_row = {}
     with torch.no_grad():
         for B in (32, 64, 128):
-            from composer2.decoding import KVCache
             ids = torch.randint(0, rmodel.cfg.vocab_size, (B, 400), generator=torch.Generator().manual_seed(0))
             cache = KVCache.for_model(rmodel, B, 960); rmodel(ids, cache=cache)
             one = ids[:, -1:]
