@@ -1,5 +1,9 @@
-"Shared timing helpers for the benchmarks: best-of-N wall time, so that noise on a shared machine counts less."
+"""Shared timing helpers for the benchmarks: best-of-N wall time, so that noise on a shared machine counts less.
+Importing it applies `composer2.config.keep_freed_memory`, as `composer2 stage` does: the pipeline's allocator, for ours
+and the peer alike (both run in this one process)."""
 import time, torch
+from composer2.config import keep_freed_memory
+keep_freed_memory()
 
 def best_time(fn, repeat=5, warmup=1):
     for _ in range(warmup): fn()

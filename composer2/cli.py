@@ -5,7 +5,7 @@
 # %% ../nbs/9_cli/01_cli.ipynb #c002
 from __future__ import annotations
 import argparse, importlib, json, sys, time
-from .config import ConfigError, make_workspace
+from .config import ConfigError, keep_freed_memory, make_workspace
 from .io import CheckpointError
 
 # %% auto #0
@@ -78,7 +78,7 @@ def main(argv=None):
             screen = load_entry(COMMANDS['screen'], 'screen')
             print(json.dumps(screen(a.ckpt, a.params, a.samples, a.seed, a.against), indent=1)); return 0
         if a.cmd == 'export-hf': print(load_entry(COMMANDS['export-hf'], 'export-hf')(a.ckpt, a.out, a.tokenizer)); return 0
-        t0 = time.time()
+        t0 = time.time(); keep_freed_memory()          # freed tensors reused, not faulted in again (config notebook)
         resolve_stage(a.name)(a.params)
         print(f"stage {a.name} finished in {time.time() - t0:.1f}s", file=sys.stderr)
         return 0

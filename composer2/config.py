@@ -13,7 +13,7 @@ import yaml
 
 # %% auto #0
 __all__ = ['ConfigError', 'from_dict', 'to_dict', 'check', 'read_yaml', 'load_section', 'deep_merge', 'repo_root', 'git_commit',
-           'write_json', 'write_resolved', 'make_workspace']
+           'write_json', 'write_resolved', 'make_workspace', 'keep_freed_memory']
 
 # %% ../nbs/0_core/00_config.ipynb #c004
 class ConfigError(ValueError):
@@ -182,3 +182,17 @@ def make_workspace(profile: str, dest, repo=None) -> Path:
     if not (dest / '.dvc').exists():
         subprocess.run(['dvc', 'init', '--no-scm', '-q'], cwd=dest, check=True)
     return dest
+
+# %% ../nbs/0_core/00_config.ipynb #c019
+def keep_freed_memory(threshold: int = 1 << 30) -> bool:
+    """Raise glibc's mmap and trim thresholds to `threshold` bytes in this process and (environment) in the processes it
+    spawns, so freed tensors are reused instead of faulted in again. False where there is no glibc `mallopt`."""
+    import ctypes, ctypes.util
+    if threshold <= 0: raise ValueError(f"keep_freed_memory: threshold must be positive, got {threshold}")
+    os.environ.setdefault('MALLOC_MMAP_THRESHOLD_', str(threshold)); os.environ.setdefault('MALLOC_TRIM_THRESHOLD_', str(threshold))
+    try: mallopt = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6').mallopt
+    except (OSError, AttributeError): return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    # glibc may refuse an mmap threshold above half its heap size (32 MiB on 64-bit): then take that
+    ok = mallopt(M_MMAP_THRESHOLD, threshold) or mallopt(M_MMAP_THRESHOLD, 32 << 20)
+    return bool(ok and mallopt(M_TRIM_THRESHOLD, threshold))

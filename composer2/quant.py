@@ -4,7 +4,7 @@
 
 # %% ../nbs/1_numerics/00_quant.ipynb #c003
 from __future__ import annotations
-import math
+import functools, math
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -243,10 +243,15 @@ def random_hadamard(seed: int = 0, n: int = HADAMARD_N, dtype=torch.float32) -> 
     s = torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(seed)).to(torch.float64) * 2 - 1
     return (hadamard(n).to(torch.float64) * s / math.sqrt(n)).to(dtype)
 
+@functools.lru_cache(maxsize=16)
+def _random_hadamard_cached(seed: int, dtype) -> torch.Tensor:
+    "`random_hadamard(seed)`, built once per (seed, dtype): `rht` runs on every gradient of a low-precision step. Read-only."
+    return random_hadamard(seed, dtype=dtype)
+
 def rht(x: torch.Tensor, dim: int = -1, seed: int = 0, m: Optional[torch.Tensor] = None) -> torch.Tensor:
     "Apply the random Hadamard transform to 16-groups along `dim` (zero-padded to a multiple of 16; the result stays padded)."
     dim = dim % x.dim(); n = x.shape[dim]; npad = -(-n // HADAMARD_N) * HADAMARD_N
-    m = (random_hadamard(seed, dtype=x.dtype) if m is None else m).to(device=x.device, dtype=x.dtype)
+    m = (_random_hadamard_cached(seed, x.dtype) if m is None else m).to(device=x.device, dtype=x.dtype)
     xt = x.movedim(dim, -1)
     if npad != n: xt = torch.nn.functional.pad(xt, (0, npad - n))
     y = (xt.reshape(*xt.shape[:-1], npad // HADAMARD_N, HADAMARD_N) @ m.t()).reshape(*xt.shape[:-1], npad)
@@ -391,6 +396,8 @@ def _numba_kernels():
 # %% ../nbs/1_numerics/00_quant.ipynb #c036
 def _fast_ok(x): return x.device.type == 'cpu' and _numba_kernels() is not None
 
+_NO_U = np.zeros((1, 1), np.float32)     # the `u` argument of `_mxfp8_fq` without stochastic rounding (never read)
+
 def fast_fake_quant_nvfp4(x: torch.Tensor, scale: Literal['tensor', 'row'] = 'tensor', block2d: bool = False,
                           per_matrix: bool = False) -> torch.Tensor:
     """`fake_quant_nvfp4` in one fused pass on CPU (numba), bit-identical to it; other devices, non-finite inputs and
@@ -428,6 +435,7 @@ def fast_fake_quant_mxfp8(x: torch.Tensor, elem: Literal['e4m3', 'e5m2'] = 'e4m3
     if sr: u = _uniform((R, kp), None if u is None else u.reshape(R, kp), generator, xf.device)
     mbits, emin, maxv = _SR_FMT[elem]
     out = torch.empty(R, kp, dtype=torch.float32)
-    ok = _NB['k'][1](x2.numpy(), out.numpy(), (u if sr else out).numpy(), mbits, emin, MX_ELEMS[elem][1], maxv, rule == 'rceil', sr)
+    # Without SR the kernel never reads `u`, but it must not alias `out`: LLVM then drops the vectorised loop (3x slower)
+    ok = _NB['k'][1](x2.numpy(), out.numpy(), u.numpy() if sr else _NO_U, mbits, emin, MX_ELEMS[elem][1], maxv, rule == 'rceil', sr)
     if not ok: return fake_quant_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u.reshape(shape[:-1] + (kp,)) if sr else None)
     return out[:, :K].reshape(shape)

@@ -27,11 +27,18 @@ def provenance_path(name: str) -> Path:
     "Where stage `name` records its provenance."
     return REPORTS / 'provenance' / f'{name}.json'
 
+def _cpu_s() -> float:
+    "CPU seconds (user + system) of this process and of the children it has waited for (not Ray's workers)."
+    import resource
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
 def provenance(started: float, **extra) -> dict:
-    "What produced a run, kept apart from its outputs: commit, clock, machine and versions."
+    """What produced a run, kept apart from its outputs: commit, clock, machine and versions; the run's CPU seconds and the
+    1-minute load average at its end, so that a slow stage can be told from a busy machine."""
     import torch
     return {'git_commit': git_commit(), 'started_utc': _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec='seconds'),
-            'wall_s': round(time.time() - started, 3), 'argv': sys.argv, 'python': platform.python_version(),
+            'wall_s': round(time.time() - started, 3), 'cpu_s': round(_cpu_s(), 1), 'loadavg_1m_end': round(os.getloadavg()[0], 2),
+            'argv': sys.argv, 'python': platform.python_version(),
             'torch': torch.__version__, 'platform': platform.platform(), 'cpus': os.cpu_count(), **extra}
 
 def write_metrics(name: str, metrics: dict, started: float, **extra) -> dict:
