@@ -3,6 +3,14 @@ from pathlib import Path
 import pytest, torch
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Inductor's FX-graph cache keys do not include ATen's CPU capability: a graph compiled for AVX2/AVX512 and cached in the
+# shared /tmp/torchinductor_<user> is reloaded under ATEN_CPU_CAPABILITY=default, where its vector C++ no longer builds
+# ("'at::vec' has not been declared"). Each capability gets its own cache unless the caller chose one.
+if os.environ.get('ATEN_CPU_CAPABILITY') and 'TORCHINDUCTOR_CACHE_DIR' not in os.environ:
+    import getpass, tempfile
+    os.environ['TORCHINDUCTOR_CACHE_DIR'] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 BIN = Path(sys.executable).parent
 
 @pytest.fixture(autouse=True)
