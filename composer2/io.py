@@ -4,12 +4,13 @@
 
 # %% ../nbs/0_core/01_io.ipynb #c003
 from __future__ import annotations
-import hashlib, json, os, shutil, uuid
+import hashlib, json, os, re, shutil, subprocess, sys, uuid
 from pathlib import Path
 from typing import Callable
 
 # %% auto #0
-__all__ = ['CheckpointError', 'sha256_file', 'sha256_text', 'write_checkpoint', 'read_meta']
+__all__ = ['CheckpointError', 'sha256_file', 'sha256_text', 'write_checkpoint', 'read_meta', 'PinnedFileError', 'verify_sha256',
+           'fetch_sdist']
 
 # %% ../nbs/0_core/01_io.ipynb #c004
 class CheckpointError(ValueError):
@@ -59,3 +60,32 @@ def read_meta(path) -> dict:
         if not f.exists(): raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
         if sha256_file(f) != sha: raise CheckpointError(f"checkpoint file {f} is corrupt or truncated (sha256 mismatch)")
     return meta
+
+# %% ../nbs/0_core/01_io.ipynb #c011
+class PinnedFileError(RuntimeError):
+    "A pinned download that failed, or whose bytes are not the pinned ones."
+
+def verify_sha256(path, expected: str) -> str:
+    "Check a downloaded file against its pinned sha256; `PinnedFileError` naming both hashes on mismatch."
+    got = sha256_file(path)
+    if got.lower() != expected.lower():
+        raise PinnedFileError(f"{path}: sha256 mismatch: expected {expected}, got {got} (pinned sdist changed or download corrupted)")
+    return got
+
+def _sdist_files(dest: Path, name: str, version: str) -> list[Path]:
+    norm = re.sub(r'[-_.]+', '[-_.]', name)
+    return sorted(p for p in dest.iterdir() if re.match(norm + '-' + re.escape(version) + r'\.(tar\.gz|zip|tar\.bz2)$', p.name, re.I))
+
+def fetch_sdist(name: str, version: str, sha256: str, dest) -> Path:
+    "The pinned sdist `name==version` in `dest`: a copy already there if its sha256 matches, else downloaded and checked."
+    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
+    for p in _sdist_files(dest, name, version):
+        if sha256_file(p).lower() == sha256.lower(): return p
+        p.unlink()                                   # a stale or corrupt copy: fetch it again
+    r = subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '--no-binary', ':all:', '-q', '-d', str(dest),
+                        f'{name}=={version}'], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0: raise PinnedFileError(f"pip download {name}=={version} failed: {r.stderr.strip()[-500:]}")
+    cands = _sdist_files(dest, name, version)
+    if not cands: raise PinnedFileError(f"pip download {name}=={version}: no sdist file appeared in {dest}")
+    verify_sha256(cands[0], sha256)
+    return cands[0]

@@ -8,13 +8,13 @@ import dataclasses, difflib, json, os, re, subprocess, sys, sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .io import sha256_file, sha256_text
+from .io import PinnedFileError, fetch_sdist, sha256_file, sha256_text, verify_sha256
 from .data import RESERVED_PACKAGES
 
 # %% auto #0
 __all__ = ['DEFAULT_RESERVED', 'CATEGORIES', 'HIDDEN', 'TaskError', 'stdlib_dir', 'stdlib_test_dir', 'module_files',
-           'module_test_files', 'default_exclusions', 'load_exclusions', 'verify_sha256', 'fetch_sdist', 'Task',
-           'unified_diff', 'changed_lines', 'save_tasks', 'load_tasks']
+           'module_test_files', 'default_exclusions', 'load_exclusions', 'Task', 'unified_diff', 'changed_lines',
+           'save_tasks', 'load_tasks']
 
 # %% ../nbs/6_harness/00_tasks_data.ipynb #c006
 DEFAULT_RESERVED = ['textwrap', 'colorsys', 'fnmatch', 'shlex', 'graphlib', 'fractions', 'difflib', 'calendar',
@@ -76,26 +76,6 @@ def load_exclusions(path) -> dict:
         if not (isinstance(f, dict) and isinstance(f.get('path'), str) and isinstance(f.get('sha256'), str)):
             raise TaskError(f"{path}: files[{i}] must be {{'path': str, 'sha256': str}}")
     return d
-
-# %% ../nbs/6_harness/00_tasks_data.ipynb #c008
-def verify_sha256(path, expected: str) -> str:
-    "Check a downloaded file against its pinned sha256; `TaskError` naming both hashes on mismatch."
-    got = sha256_file(path)
-    if got.lower() != expected.lower():
-        raise TaskError(f"{path}: sha256 mismatch: expected {expected}, got {got} (pinned sdist changed or download corrupted)")
-    return got
-
-def fetch_sdist(name: str, version: str, sha256: str, dest) -> Path:
-    "Download the pinned sdist `name==version` into `dest` and hash-check it."
-    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '--no-binary', ':all:', '-q', '-d', str(dest),
-                        f'{name}=={version}'], capture_output=True, text=True, timeout=300)
-    if r.returncode != 0: raise TaskError(f"pip download {name}=={version} failed: {r.stderr.strip()[-500:]}")
-    norm = re.sub(r'[-_.]+', '[-_.]', name)
-    cands = [p for p in dest.iterdir() if re.match(norm + '-' + re.escape(version), p.name, re.I)]
-    if not cands: raise TaskError(f"pip download {name}=={version}: no sdist file appeared in {dest}")
-    verify_sha256(cands[0], sha256)
-    return cands[0]
 
 # %% ../nbs/6_harness/00_tasks_data.ipynb #c011
 CATEGORIES = ['debug', 'feature', 'refactor', 'docs', 'tests', 'devops']

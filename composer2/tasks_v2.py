@@ -12,7 +12,8 @@ from pathlib import Path
 from .config import check
 from .env_base import program_text
 from .io import sha256_text
-from .tasks_data import CATEGORIES, Task, TaskError, fetch_sdist
+from .io import fetch_sdist
+from .tasks_data import CATEGORIES, Task, TaskError
 from .tasks_grade import validate_task
 from .tasks_mutate import area, check_mutation, debug_prompt, find_mutations, mutate
 from .tasks_gen import DEVOPS_BREAKS

@@ -12,7 +12,7 @@ from pathlib import Path
 from .env_base import program_text
 from .io import sha256_text
 from .config import check
-from .tasks_data import CATEGORIES, HIDDEN, Task, TaskError, fetch_sdist, unified_diff
+from .tasks_data import CATEGORIES, HIDDEN, Task, TaskError, unified_diff
 from .tasks_grade import validate_task
 from .tasks_mutate import Mutation, _docstring_node, area, check_mutation, debug_prompt, find_mutations, mutate
 from .tasks_gen import DEVOPS_BREAKS, Source, _find_qual, strip_docstrings

@@ -6,6 +6,7 @@ import pytest
 
 from composer2 import tasks as T
 from composer2.tasks_grade import MESSAGE_CHARS
+from composer2.io import PinnedFileError
 
 pytestmark = pytest.mark.skipif(T.stdlib_test_dir(required=False) is None,
                                 reason='the Python stdlib test package is missing: task synthesis needs it')
@@ -33,7 +34,7 @@ def test_sdist_hash_check(tmp_path):
     p = tmp_path / 'demo-1.0.tar.gz'; p.write_bytes(b'demo sdist bytes')
     good = hashlib.sha256(b'demo sdist bytes').hexdigest()
     assert T.verify_sha256(p, good) == good
-    with pytest.raises(T.TaskError, match='sha256 mismatch'): T.verify_sha256(p, hashlib.sha256(b'other').hexdigest())
+    with pytest.raises(PinnedFileError, match='sha256 mismatch'): T.verify_sha256(p, hashlib.sha256(b'other').hexdigest())
 
 def test_contamination_check_fails_loudly():
     src = T.Source.load('fnmatch')
