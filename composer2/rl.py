@@ -4,7 +4,7 @@
 
 # %% ../nbs/7_rl/04_rl.ipynb #c002
 from __future__ import annotations
-import collections, datetime, time
+import collections, datetime, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -27,8 +27,8 @@ from .rl_loss import (Learner, LossConfig, EpochSampler, CategorySampler, sample
 from .rl_transport import TRANSPORTS, WorkerSpec, build_rollout_model, rollout_groups
 
 # %% auto #0
-__all__ = ['RESUMABLE_CHANGES', 'WORKER_START_FAILURES', 'RLConfig', 'config_changes', 'make_sampler', 'RLRun', 'run_rl',
-           'dp_step_check', 'RLStageConfig', 'category_counts']
+__all__ = ['RESUMABLE_CHANGES', 'WORKER_START_FAILURES', 'RLConfig', 'config_changes', 'make_sampler', 'PromptsExhausted',
+           'RLRun', 'run_rl', 'dp_step_check', 'RLStageConfig', 'category_counts']
 
 # %% ../nbs/7_rl/04_rl.ipynb #c006
 @dataclass
@@ -53,12 +53,14 @@ class RLConfig:
     seed: int = 0
     filter_groups: bool = False      # skip groups whose task rewards are all equal (DAPO dynamic sampling); their prompts are used up
     adaptive_categories: bool = False   # draw task categories in proportion to their running informative-group rate
+    on_exhausted: Literal['error', 'stop'] = 'error'   # the single epoch's prompts ran out before `steps`: raise, or end there
     loss: LossConfig = field(default_factory=LossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     def __post_init__(self):
         check(self.steps > 0 and self.groups_per_step > 0, 'rl: steps and groups_per_step must be > 0')
         check(self.group_size >= 2, f'rl.group_size must be >= 2 (group-relative advantages), got {self.group_size}')
         check(self.max_staleness >= 0, 'rl.max_staleness must be >= 0')
+        check(self.on_exhausted in ('error', 'stop'), f"rl.on_exhausted must be 'error' or 'stop', got {self.on_exhausted!r}")
         check(self.n_workers >= 1 and self.groups_per_batch >= 1, 'rl: n_workers and groups_per_batch must be >= 1')
         check(self.n_train_tasks >= self.steps * self.groups_per_step,
               f'rl.n_train_tasks ({self.n_train_tasks}) must cover steps x groups_per_step ({self.steps * self.groups_per_step}): single epoch')
@@ -102,6 +104,9 @@ def make_sampler(cfg: RLConfig, jobs: dict[str, dict]) -> EpochSampler:
 
 # %% ../nbs/7_rl/04_rl.ipynb #c008
 WORKER_START_FAILURES = 3      # a worker that dies this many times in a row without finishing a job stops the run
+
+class PromptsExhausted(RuntimeError):
+    "The single epoch's prompts ran out before the last step (too few informative groups)."
 
 class RLRun:
     "One run of `run_rl`: its state and the steps both loops (sync and async) share."
@@ -167,11 +172,11 @@ class RLRun:
                         {'stage': 'rl', 'sampler': self.sampler.state(), 'history': self.hist, 'rl_config': to_dict(self.cfg),
                          **(self.meta or {})})
 
-    def exhausted(self) -> RuntimeError:
+    def exhausted(self) -> PromptsExhausted:
         "Keep what was trained (a checkpoint at this step), then name the counts and the ways out."
         if self.learner.version > 0: self.save()
         s, cfg = self.sampler, self.cfg
-        return RuntimeError(
+        return PromptsExhausted(
             f'rl: the single epoch ran out of prompts at step {self.learner.version} of {self.end}: of {len(self.jobs)} prompts '
             f'{len(s.trained)} were trained on and {len(s.skipped)} skipped as uninformative '
             f'(rl.filter_groups={cfg.filter_groups}: every rollout of the group got the same task reward), '
@@ -225,6 +230,10 @@ def _run(self: RLRun) -> dict:
     self.t_start = time.time()
     self.bar = tqdm(total=self.end, initial=self.learner.version, desc='rl', disable=not self.progress)
     try: (_run_sync if self.cfg.backend == 'sync' else _run_async)(self)
+    except PromptsExhausted as e:      # rl.on_exhausted='stop': the run ends at this step, and says so in its history
+        if self.cfg.on_exhausted == 'error' or self.learner.version == 0: raise
+        self.hist['stopped_early'] = {'step': self.learner.version, 'planned': self.cfg.steps, 'reason': str(e)}
+        self.save(); print(f'warning: {e}; rl.on_exhausted=stop: ending at step {self.learner.version}', file=sys.stderr)
     finally: self.bar.close()
     wall = time.time() - self.t_start
     self.hist['throughput'] = {'wall_s': wall, 'samples_per_s': self.samples / wall,

@@ -1,5 +1,5 @@
 "Asynchronous RL: in-flight updates, staleness, single epoch, the loss, self-summarisation, worker/trainer failures, router replay, Ray."
-import copy, math, os, signal, time
+import copy, dataclasses, math, os, signal, time
 import multiprocessing as pymp
 from pathlib import Path
 
@@ -407,6 +407,13 @@ def test_an_epoch_used_up_by_filtering_stops_with_a_clear_error_and_keeps_progre
         R.run_rl(cfg, copy.deepcopy(model), tok.hf.to_str(), jobs, _flat_or_varied, tmp_path)
     meta = R.read_meta(tmp_path / 'ckpt')
     assert meta['step'] == 1 and len(meta['sampler']['trained']) == 2 and len(meta['sampler']['skipped']) == 9
+    # rl.on_exhausted='stop': the same run ends at step 1 and returns; its history and checkpoint say why
+    hist = R.run_rl(dataclasses.replace(cfg, on_exhausted='stop'), copy.deepcopy(model), tok.hf.to_str(), jobs,
+                    _flat_or_varied, tmp_path / 'stop')
+    meta = R.read_meta(tmp_path / 'stop' / 'ckpt')
+    assert len(hist['steps']) == 1 and hist['stopped_early']['step'] == 1 and hist['stopped_early']['planned'] == 4
+    assert 'ran out of prompts' in hist['stopped_early']['reason'] and meta['step'] == 1 and meta['history']['stopped_early']
+    with pytest.raises(R.ConfigError, match='on_exhausted'): _cfg(on_exhausted='later')
 
 
 def test_coupled_sampling_follows_the_distribution_and_couples_nearby_policies():

@@ -31,7 +31,8 @@ def train_metrics(cfg: RLStageConfig, hist: dict, seconds: float) -> dict:
     "The `rl_train` metrics of a run's history: first- and last-quarter reward, staleness, restarts, the per-step curve."
     steps = hist['steps']
     first, last = steps[:max(1, len(steps) // 4)], steps[-max(1, len(steps) // 4):]
-    return {'steps': len(steps), 'seconds': seconds, 'throughput': hist.get('throughput'),
+    return {'steps': len(steps), 'steps_planned': cfg.steps, 'stopped_early': hist.get('stopped_early'),
+            'seconds': seconds, 'throughput': hist.get('throughput'),
             'reward_first_quarter': float(np.mean([s['reward_mean'] for s in first])),
             'reward_last_quarter': float(np.mean([s['reward_mean'] for s in last])),
             'staleness_hist': hist['staleness'], 'dropped_stale': hist['dropped_stale'], 'restarts': hist['restarts'],
