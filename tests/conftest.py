@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest, torch
 
 ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
 
 # Inductor's FX-graph cache keys do not include ATen's CPU capability: a graph compiled for AVX2/AVX512 and cached in the
 # shared /tmp/torchinductor_<user> is reloaded under ATEN_CPU_CAPABILITY=default, where its vector C++ no longer builds
@@ -11,7 +12,6 @@ if os.environ.get('ATEN_CPU_CAPABILITY') and 'TORCHINDUCTOR_CACHE_DIR' not in os
     import getpass, tempfile
     os.environ['TORCHINDUCTOR_CACHE_DIR'] = os.path.join(
         tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}")
-BIN = Path(sys.executable).parent
 
 @pytest.fixture(autouse=True)
 def _threads():
