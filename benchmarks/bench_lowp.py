@@ -74,7 +74,8 @@ cases = {
     'fused nvfp4 tensor 16x16': lambda: Q.fast_fake_quant_nvfp4(x, 'tensor', block2d=True),
     'fused mxfp8 e4m3 rceil': lambda: Q.fast_fake_quant_mxfp8(x, 'e4m3', 'rceil'),
     'fused mxfp8 e4m3 rc + SR': lambda: Q.fast_fake_quant_mxfp8(x, 'e4m3', 'rceil', sr=True),
-    'torch.rand (SR uniforms)': lambda: torch.rand(x.shape),
+    'torch.rand (peer)': lambda: torch.rand(x.shape),
+    'sr_uniforms (torch)': lambda: Q.sr_uniforms(1, tuple(x.shape)),
 }
 for name, fn in cases.items():
     t = best_time(fn, repeat=3)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/1_numerics/01_kernels.ipynb #c003
 from __future__ import annotations
-import functools, hashlib, os, shutil, subprocess, sys
+import functools, hashlib, os, shutil, subprocess
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -107,7 +107,7 @@ def nvfp4_quantize(x: torch.Tensor, scale: Literal['tensor', 'row'] = 'tensor', 
     if block2d and (scale != 'tensor' or xf.dim() < 2): raise ValueError("nvfp4_quantize: block2d needs scale='tensor' and >= 2 dims")
     shape = tuple(xf.shape); K = shape[-1]; R = xf.numel() // K; kp = -(-K // 16) * 16; nb = kp // 16; lead = shape[:-1]
     Q.check_u(u, lead + (kp,), 'nvfp4_quantize')
-    if sr and u is None: u = torch.rand((R, kp), generator=generator, device=xf.device, dtype=torch.float32)
+    if sr and u is None: u = Q.sr_uniforms(Q.sr_seed(generator), (R, kp), xf.device)
     uu = None if not sr else u.to(torch.float32).contiguous()
     dev = xf.device
     ng = R if scale == 'row' else 1
@@ -151,7 +151,7 @@ def mxfp8_quantize(x: torch.Tensor, elem: Literal['e4m3', 'e5m2'] = 'e4m3', rule
     if rule not in ('floor', 'rceil'): raise ValueError(f"mxfp8_quantize: rule must be 'floor' or 'rceil', got {rule!r}")
     shape = tuple(xf.shape); K = shape[-1]; R = xf.numel() // K; kp = -(-K // 32) * 32; nb = kp // 32; lead = shape[:-1]
     Q.check_u(u, lead + (kp,), 'mxfp8_quantize')
-    if sr and u is None: u = torch.rand((R, kp), generator=generator, device=xf.device, dtype=torch.float32)
+    if sr and u is None: u = Q.sr_uniforms(Q.sr_seed(generator), (R, kp), xf.device)
     uu = None if not sr else u.to(torch.float32).contiguous()
     data = torch.empty(R, kp, dtype=torch.uint8, device=xf.device)
     scales = torch.empty(R, nb, dtype=torch.uint8, device=xf.device)

@@ -12,10 +12,11 @@ import torch
 
 # %% auto #0
 __all__ = ['FP32_MAX', 'E2M1_MAX', 'E4M3_MAX', 'E5M2_MAX', 'NVFP4_BLOCK', 'MXFP8_BLOCK', 'HADAMARD_N', 'E2M1_VALUES', 'MX_ELEMS',
-           'e2m1_code', 'stochastic_round', 'NVFP4Tensor', 'as_f32', 'check_u', 'pack_e2m1', 'unpack_e2m1',
-           'quantize_nvfp4', 'dequantize_nvfp4', 'fake_quant_nvfp4', 'MXFP8Tensor', 'e8m0_to_f32', 'quantize_mxfp8',
-           'dequantize_mxfp8', 'fake_quant_mxfp8', 'hadamard', 'random_hadamard', 'rht', 'check_counts',
-           'check_grouped', 'expert_segments', 'grouped_linear', 'fast_fake_quant_nvfp4', 'fast_fake_quant_mxfp8']
+           'e2m1_code', 'sr_seed', 'sr_uniforms', 'stochastic_round', 'NVFP4Tensor', 'as_f32', 'check_u', 'pack_e2m1',
+           'unpack_e2m1', 'quantize_nvfp4', 'dequantize_nvfp4', 'fake_quant_nvfp4', 'MXFP8Tensor', 'e8m0_to_f32',
+           'quantize_mxfp8', 'dequantize_mxfp8', 'fake_quant_mxfp8', 'hadamard', 'random_hadamard', 'rht',
+           'check_counts', 'check_grouped', 'expert_segments', 'grouped_linear', 'fast_fake_quant_nvfp4',
+           'fast_fake_quant_mxfp8']
 
 # %% ../nbs/1_numerics/00_quant.ipynb #c006
 FP32_MAX = torch.finfo(torch.float32).max
@@ -39,8 +40,32 @@ def e2m1_code(v: torch.Tensor) -> torch.Tensor:
     return m.to(torch.uint8) | (torch.signbit(v).to(torch.uint8) << 3)
 
 # %% ../nbs/1_numerics/00_quant.ipynb #c010
+_M32, _WEYL, _MIX = 0xFFFFFFFF, 0x9E3779B9, (0x7FEB352D, 0x846CA68B)
+
+def _mul32(x, c):
+    "(x·c) mod 2^32 for int64 tensors x < 2^32 and a constant c < 2^32, in 16-bit halves (no int64 overflow)."
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+def _mix32(x):
+    "A bijective 32-bit integer mixer (xorshift-multiply, constants from Wellons' hash-prospector 'lowbias32')."
+    x = x ^ (x >> 16); x = _mul32(x, _MIX[0]); x = x ^ (x >> 15); x = _mul32(x, _MIX[1])
+    return x ^ (x >> 16)
+
+def sr_seed(generator: Optional[torch.Generator] = None) -> int:
+    "One 62-bit key for `sr_uniforms`, drawn from `generator` (the default CPU generator when None)."
+    dev = generator.device if generator is not None else 'cpu'
+    return int(torch.randint(0, 2 ** 62, (1,), generator=generator, device=dev).item())
+
+def sr_uniforms(seed: int, shape, device=None) -> torch.Tensor:
+    """The stochastic-rounding uniforms of key `seed`: element i (row-major) is `h >> 8` · 2^-24 in [0, 1) with
+    h = mix(mix(i·φ + k0) ^ k1 + i_hi) (32-bit, k0/k1 the key's low/high words, i_hi = i >> 32). A counter-based
+    stream: any element is computed on its own, so a fused kernel computes it in registers instead of reading a tensor."""
+    n = math.prod(shape); i = torch.arange(n, dtype=torch.int64, device=device)
+    h = _mix32(((_mix32((_mul32(i & _M32, _WEYL) + (seed & _M32)) & _M32) ^ ((seed >> 32) & _M32)) + (i >> 32)) & _M32)
+    return ((h >> 8).to(torch.float32) * 2.0 ** -24).reshape(shape)
+
 def _uniform(shape, u, generator, device):
-    if u is None: return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+    if u is None: return sr_uniforms(sr_seed(generator), shape, device)
     if tuple(u.shape) != tuple(shape): raise ValueError(f"random tensor has shape {tuple(u.shape)}, expected {tuple(shape)}")
     return u.to(torch.float32)
 
@@ -288,115 +313,163 @@ def grouped_linear(x_sorted: torch.Tensor, w: torch.Tensor, counts) -> torch.Ten
 import numpy as np
 
 _f32, _f64 = np.float32, np.float64
+_ABS = np.int32(0x7FFFFFFF)        # |x| on the bits of a float32
 
-def _flog2(a):
-    "Exact floor(log2 a) of a positive finite fp32 (through float64, where fp32 subnormals are normal)."
-    return math.frexp(_f64(a))[1] - 1
+def _f2i(a):
+    "The bits of an fp32 as int32 (numba: an LLVM bitcast, see `_numba_kernels`)."
+    return _f32(a).view(np.int32)
+
+def _i2f(b):
+    "The fp32 with the int32 bits `b` (numba: an LLVM bitcast)."
+    return np.int32(b).view(np.float32)
+
+def _flog2i(b):
+    "Exact floor(log2 a) of the positive finite fp32 with bits `b`: the exponent field, through float64 for subnormals."
+    if b >= 0x00800000: return (b >> 23) - 127
+    return math.frexp(_f64(_i2f(b)))[1] - 1
+
+def _pow2(e):
+    "2^e as fp32 for -149 <= e <= 127, built from bits (subnormal below 2^-126)."
+    if e >= -126: return _i2f(np.int32((e + 127) << 23))
+    return _i2f(np.int32(1 << (e + 149)))
 
 def _rne(a, mbits, emin):
-    "Positive fp32 `a` rounded to nearest-even onto a float grid of `mbits` mantissa bits, normals from 2^emin (exact in float64)."
-    q = math.ldexp(1.0, max(_flog2(a), emin) - mbits)
-    return _f32(np.rint(_f64(a) / q) * q)
+    """Finite `a >= 0` rounded to nearest-even onto the float grid of `mbits` mantissa bits with normals from 2^emin:
+    with e = max(exponent(a), emin), `(a + c) - c` for c = 2^(e - mbits + 23) is exact, since fp32's spacing on [c, 2c)
+    is the grid's step 2^(e - mbits) and c is an even multiple of it."""
+    e = max(((_f2i(a) >> 23) & 255) - 127, emin)
+    c = _i2f(np.int32((e - mbits + 23 + 127) << 23))
+    return (a + c) - c
+
+def _nv_blk(xr, outr, j0, n, enc, sf, dec):
+    "One 1x16 block of a row: `(e2m1_rne(clamp(x·enc, ±6)) · s_blk) · (1/S_enc)` (E2M1: 1 mantissa bit, emin 0)."
+    for jj in range(n):
+        v = xr[j0 + jj] * enc; v = _f32(6.0) if v > 6 else v; v = _f32(-6.0) if v < -6 else v
+        outr[j0 + jj] = (math.copysign(_rne(abs(v), 1, 0), v) * sf) * dec
+
+def _amax_bits(xr, j0, n):
+    "max |x| over n elements from j0 of a row, as fp32 bits (>= 0x7f800000: an inf or nan among them)."
+    mb = np.int32(0)
+    for jj in range(n): mb = max(mb, _f2i(xr[j0 + jj]) & _ABS)
+    return mb
 
 def _nvfp4_fq(x, out, row, tile):
     "x, out [M, R, K] fp32 (out's last dim padded to 16); row: per-row scale; tile: 16x16 block scales."
     M, R, K = x.shape; nb = (K + 15) // 16; six, big = _f32(6.0), _f32(3.4028234663852886e38)
-    blk = np.zeros((R, nb), np.float32); se = np.empty(R, np.float32)
+    blk = np.zeros((R, nb), np.int32); se = np.empty(R, np.float32)   # block amax as the bits of |x| (monotone)
     for m in range(M):
         for r in range(R):
-            for j in range(K):
-                v = x[m, r, j]
-                if not np.isfinite(v): return False
-                a = abs(v)
-                if a > blk[r, j // 16]: blk[r, j // 16] = a
+            for b in range(nb):
+                mb = _amax_bits(x[m, r], 16 * b, min(16, K - 16 * b))
+                if mb >= 0x7f800000: return False                             # inf or nan
+                blk[r, b] = mb
         if tile:
             for r0 in range(0, R, 16):
                 for b in range(nb):
-                    t = _f32(0.0)
+                    t = np.int32(0)
                     for r in range(r0, min(r0 + 16, R)): t = max(t, blk[r, b])
                     for r in range(r0, min(r0 + 16, R)): blk[r, b] = t
         A = _f32(0.0)
         for r in range(R):
-            ra = _f32(0.0)
+            ra = np.int32(0)
             for b in range(nb): ra = max(ra, blk[r, b])
-            se[r] = ra; A = max(A, ra)
+            se[r] = _i2f(ra); A = max(A, se[r])
         for r in range(R):
             a = se[r] if row else A
             s = _f32(1.0) if a == 0 else min(_f32(2688.0) / a, big)
             dec = _f32(1.0) / s
             for b in range(nb):
-                t = min(blk[r, b] * s / six, _f32(448.0))
+                t = min(_i2f(blk[r, b]) * s / six, _f32(448.0))
                 sf = _rne(t, 3, -6) if t > 0 else _f32(0.0)
                 enc = min(_f32(1.0) / (sf * dec), big)
-                for j in range(16 * b, min(16 * b + 16, K)):
-                    v = min(max(x[m, r, j] * enc, -six), six); a = abs(v)
-                    c = (_f32(0.0) if a <= .25 else _f32(.5) if a < .75 else _f32(1.0) if a <= 1.25 else _f32(1.5) if a < 1.75
-                         else _f32(2.0) if a <= 2.5 else _f32(3.0) if a < 3.5 else _f32(4.0) if a <= 5 else six)
-                    if v < 0 or (v == 0 and math.copysign(1.0, v) < 0): c = -c
-                    out[m, r, j] = (c * sf) * dec
+                _nv_blk(x[m, r], out[m, r], 16 * b, min(16, K - 16 * b), enc, sf, dec)
                 for j in range(max(K, 16 * b), 16 * b + 16): out[m, r, j] = 0.0
-            blk[r, :] = 0.0
     return True
 
 # %% ../nbs/1_numerics/00_quant.ipynb #c035
-def _mxfp8_fq(x, out, u, mbits, emin, emax, maxv, rceil, sr):
-    "x [R, K], out [R, Kp] fp32 (Kp = K padded to 32); u [R, Kp] uniforms when `sr`."
-    R, K = x.shape; nb = (K + 31) // 32; mv = _f32(maxv)
-    outi = out.view(np.int32)
-    drop = 23 - mbits; half = (1 << (drop - 1)) - 1; mask = ~((1 << drop) - 1); nmin = (emin + 127) << 23
-    magic = _f32(math.ldexp(1.0, emin - mbits + 23))              # (a + magic) - magic: RNE to multiples of 2^(emin-mbits)
+_U32 = np.uint32
+
+def _mix32u(x):
+    "`_mix32` on a uint32 (numba keeps it in 32-bit lanes)."
+    x = _U32(x ^ (x >> _U32(16))); x = _U32(x * _U32(_MIX[0])); x = _U32(x ^ (x >> _U32(15))); x = _U32(x * _U32(_MIX[1]))
+    return _U32(x ^ (x >> _U32(16)))
+
+def _sr_u(u, r, j, i, k0, k1):
+    "The uniform of element (r, j): `u[r, j]` when a tensor was given, else `sr_uniforms`' element i of key (k0, k1)."
+    if u.shape[0]: return u[r, j]
+    h = _mix32u(_U32(_U32(_U32(i & 0xFFFFFFFF) * _U32(_WEYL)) + k0))
+    return _f32(_mix32u(_U32((h ^ k1) + _U32(i >> 32))) >> _U32(8)) * _f32(2.0 ** -24)
+
+def _mx_rn(xr, outr, j0, n, iX, X, mv, mbits, emin):
+    "One block of a row (n elements from j0), round-to-nearest-even: `P·2^ex` with P = rne(clamp(x·2^-ex, ±max))."
+    for jj in range(n):
+        v = xr[j0 + jj] * iX; v = mv if v > mv else v; v = -mv if v < -mv else v
+        outr[j0 + jj] = math.copysign(_rne(abs(v), mbits, emin), v) * X
+
+def _mx_sr(xr, outr, u, r, j0, n, i0, k0, k1, iX, X, mv, mbits, emin):
+    "One block, stochastic rounding: up to lo + ulp (the neighbours on a's binade grid) when u < (a - lo) / ulp."
+    for jj in range(n):
+        v = xr[j0 + jj] * iX; v = mv if v > mv else v; v = -mv if v < -mv else v
+        a = abs(v); e = max(((_f2i(a) >> 23) & 255) - 127, emin)
+        ulp = _i2f(np.int32((e - mbits + 127) << 23)); iu = _i2f(np.int32((127 - e + mbits) << 23))
+        lo = np.floor(a * iu) * ulp
+        outr[j0 + jj] = math.copysign(lo + ulp if _sr_u(u, r, j0 + jj, i0 + jj, k0, k1) < (a - lo) * iu else lo, v) * X
+
+def _mxfp8_fq(x, out, u, k0, k1, mbits, emin, emax, maxv, rceil, sr):
+    """x [R, K], out [R, Kp] fp32 (Kp = K padded to 32). With `sr`: u [R, Kp] uniforms, or u of shape (0, 0) to compute
+    `sr_uniforms(k0 + 2^32·k1, (R, Kp))` in place."""
+    R, K = x.shape; nb = (K + 31) // 32; mv = _f32(maxv); kp = 32 * nb
     for r in range(R):
+        xr, outr = x[r], out[r]
         for b in range(nb):
-            j0, j1 = 32 * b, min(32 * b + 32, K)
-            amax = _f32(0.0)
-            for j in range(j0, j1):
-                v = x[r, j]
-                if not np.isfinite(v): return False
-                amax = max(amax, abs(v))
+            j0 = 32 * b; n = min(32, K - j0)
+            mb = _amax_bits(xr, j0, n)
+            if mb >= 0x7f800000: return False                                 # inf or nan
+            amax = _i2f(mb)
             if amax == 0: ex = -127
-            elif not rceil: ex = _flog2(amax) - emax
-            else:
-                d = amax / mv
+            elif not rceil: ex = _flog2i(mb) - emax
+            else:                                                             # ceil(log2(amax / max))
+                d = amax / mv; db = _f2i(d)
                 if d == 0: ex = -127
+                elif db >= 0x00800000: ex = ((db >> 23) - 127) + (1 if db & 0x007fffff else 0)
                 else:
                     mant, e = math.frexp(_f64(d))
                     ex = e - 1 if mant == 0.5 else e
             ex = min(max(ex, -127), 127)
-            X = _f32(math.ldexp(1.0, ex))
-            for j in range(j0, j1):
-                v = min(max(x[r, j] / X, -mv), mv); a = abs(v)
-                out[r, j] = a; bits = outi[r, j]
-                if sr:
-                    e = max((bits >> 23) - 127, emin)
-                    outi[r, j] = (e - mbits + 127) << 23; ulp = out[r, j]
-                    iu = _f32(1.0) / ulp
-                    lo = np.floor(a * iu) * ulp
-                    q = lo + ulp if u[r, j] < (a - lo) * iu else lo
-                elif bits >= nmin:
-                    outi[r, j] = (bits + half + ((bits >> drop) & 1)) & mask; q = out[r, j]
-                else: q = (a + magic) - magic
-                if v < 0 or (v == 0 and math.copysign(1.0, v) < 0): q = -q
-                out[r, j] = q * X
-            for j in range(j1, j0 + 32): out[r, j] = 0.0
+            X = _pow2(ex); iX = _pow2(-ex)                                    # x / 2^ex == x * 2^-ex exactly
+            # the block loops are numba-inlined functions: written in place they ran 1.5x slower
+            if sr and n == 32: _mx_sr(xr, outr, u, r, j0, 32, r * kp + j0, k0, k1, iX, X, mv, mbits, emin)
+            elif sr: _mx_sr(xr, outr, u, r, j0, n, r * kp + j0, k0, k1, iX, X, mv, mbits, emin)
+            elif n == 32: _mx_rn(xr, outr, j0, 32, iX, X, mv, mbits, emin)
+            else: _mx_rn(xr, outr, j0, n, iX, X, mv, mbits, emin)
+            for j in range(j0 + n, j0 + 32): outr[j] = 0.0
     return True
 
+# %% ../nbs/1_numerics/00_quant.ipynb #c036
 _NB = {}
 def _numba_kernels():
     "Compile (once per process; numba caches the machine code on disk) the fused CPU fake quantizers; None without numba."
     if 'k' not in _NB:
-        try: import numba
+        try:
+            import numba
+            from llvmlite import ir
+            from numba.core import types
+            from numba.extending import intrinsic
         except ImportError: _NB['k'] = None; return None
-        jit = numba.njit(cache=True, nogil=True, error_model='numpy')
+        def bitcast(src, dst, lty):
+            def typer(typingctx, a): return dst(src), lambda context, builder, sig, args: builder.bitcast(args[0], lty)
+            return intrinsic(typer)
         g = globals()
-        for name in ('_flog2', '_rne', '_nvfp4_fq', '_mxfp8_fq'):
-            if not hasattr(g[name], 'py_func'): g[name] = jit(g[name])
+        g['_f2i'], g['_i2f'] = bitcast(types.float32, types.int32, ir.IntType(32)), bitcast(types.int32, types.float32, ir.FloatType())
+        for name in ('_flog2i', '_pow2', '_rne', '_mix32u', '_sr_u', '_amax_bits', '_nv_blk', '_mx_rn', '_mx_sr', '_nvfp4_fq', '_mxfp8_fq'):
+            inline = 'always' if name in ('_amax_bits', '_nv_blk', '_mx_rn', '_mx_sr') else 'never'       # see `_mxfp8_fq`
+            if not hasattr(g[name], 'py_func'): g[name] = numba.njit(cache=True, nogil=True, error_model='numpy', inline=inline)(g[name])
         _NB['k'] = (g['_nvfp4_fq'], g['_mxfp8_fq'])
     return _NB['k']
 
-# %% ../nbs/1_numerics/00_quant.ipynb #c036
 def _fast_ok(x): return x.device.type == 'cpu' and _numba_kernels() is not None
 
-_NO_U = np.zeros((1, 1), np.float32)     # the `u` argument of `_mxfp8_fq` without stochastic rounding (never read)
+_NO_U = np.zeros((0, 0), np.float32)     # `_mxfp8_fq`'s `u` when no tensor is read: no SR, or SR uniforms made in place
 
 def fast_fake_quant_nvfp4(x: torch.Tensor, scale: Literal['tensor', 'row'] = 'tensor', block2d: bool = False,
                           per_matrix: bool = False) -> torch.Tensor:
@@ -425,17 +498,21 @@ def fast_fake_quant_mxfp8(x: torch.Tensor, elem: Literal['e4m3', 'e5m2'] = 'e4m3
                           sr: bool = False, u: Optional[torch.Tensor] = None,
                           generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """`fake_quant_mxfp8` in one fused pass on CPU (numba), bit-identical to it, the stochastic-rounding uniforms
-    included (drawn the same way: one `torch.rand` of the padded shape); otherwise the reference."""
+    included (the same key drawn from the generator, the uniforms computed in place); otherwise the reference."""
     if elem not in MX_ELEMS or rule not in ('floor', 'rceil'): return fake_quant_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u, generator=generator)
     xf = as_f32(x, 'fast_fake_quant_mxfp8')
     shape = tuple(xf.shape); K = shape[-1]; kp = -(-K // MXFP8_BLOCK) * MXFP8_BLOCK
     check_u(u, shape[:-1] + (kp,), 'quantize_mxfp8')
     if not _fast_ok(xf): return fake_quant_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u, generator=generator)
     x2 = xf.reshape(-1, K).contiguous(); R = x2.shape[0]
-    if sr: u = _uniform((R, kp), None if u is None else u.reshape(R, kp), generator, xf.device)
+    seed = sr_seed(generator) if sr and u is None else 0       # the same draw as the reference's `_uniform`
+    if u is not None: u = _uniform((R, kp), u.reshape(R, kp), None, xf.device)
     mbits, emin, maxv = _SR_FMT[elem]
     out = torch.empty(R, kp, dtype=torch.float32)
     # Without SR the kernel never reads `u`, but it must not alias `out`: LLVM then drops the vectorised loop (3x slower)
-    ok = _NB['k'][1](x2.numpy(), out.numpy(), u.numpy() if sr else _NO_U, mbits, emin, MX_ELEMS[elem][1], maxv, rule == 'rceil', sr)
-    if not ok: return fake_quant_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u.reshape(shape[:-1] + (kp,)) if sr else None)
+    ok = _NB['k'][1](x2.numpy(), out.numpy(), u.numpy() if sr and u is not None else _NO_U, seed & _M32, seed >> 32,
+                     mbits, emin, MX_ELEMS[elem][1], maxv, rule == 'rceil', sr)
+    if not ok:
+        if sr and u is None: u = sr_uniforms(seed, (R, kp))
+        return fake_quant_mxfp8(x, elem=elem, rule=rule, sr=sr, u=u.reshape(shape[:-1] + (kp,)) if sr else None)
     return out[:, :K].reshape(shape)

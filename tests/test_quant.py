@@ -410,3 +410,37 @@ def test_fast_quantizers_boundaries_and_nonfinite():
         x = torch.nn.functional.pad(x, (0, -x.numel() % 32)).view(-1, 32)
         x[:, 0] = grid.max()                                       # every block's scale is 2^0
         assert torch.equal(bits(Q.fast_fake_quant_mxfp8(x, elem, 'floor')), bits(Q.fake_quant_mxfp8(x, elem, 'floor')))
+
+
+# ---------------------------------------------------------------- SR uniforms (counter-based)
+def _lowbias32(x):                       # an independent plain-int statement of the mixer
+    x ^= x >> 16; x = (x * 0x7FEB352D) & 0xFFFFFFFF; x ^= x >> 15; x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+def _sr_u_ref(seed, i):
+    k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    h = _lowbias32(((i & 0xFFFFFFFF) * 0x9E3779B9 + k0) & 0xFFFFFFFF)
+    return (_lowbias32(((h ^ k1) + (i >> 32)) & 0xFFFFFFFF) >> 8) * 2.0 ** -24
+
+
+def test_sr_uniforms_match_a_plain_int_statement_and_look_uniform():
+    seed = 0x2F00_1234_ABCD_0042
+    u = Q.sr_uniforms(seed, (40, 64))
+    assert u.dtype == torch.float32 and u.shape == (40, 64)
+    for i in (0, 1, 2, 63, 64, 2559):
+        assert u.view(-1)[i].item() == _sr_u_ref(seed, i)
+    k = Q._numba_kernels()
+    if k is not None:                    # the fused kernel's in-place uniforms, also past 2^32 elements
+        for i in (0, 77, 2 ** 32 + 7, 3 * 2 ** 32 - 1):
+            assert float(Q._sr_u(np.zeros((0, 0), np.float32), 0, 0, i, seed & 0xFFFFFFFF, seed >> 32)) == _sr_u_ref(seed, i)
+    big = Q.sr_uniforms(7, (1 << 20,)).double()
+    n = big.numel(); se = (1 / 12 / n) ** .5
+    assert abs(big.mean().item() - 0.5) < 5 * se and big.min() >= 0 and big.max() < 1
+    hist = torch.histc(big, 16, 0, 1) / n                        # each of 16 bins holds 1/16 within 5 standard errors
+    assert (hist - 1 / 16).abs().max() < 5 * (1 / 16 * 15 / 16 / n) ** .5
+    lag = torch.corrcoef(torch.stack([big[:-1], big[1:]]))[0, 1].item()
+    assert abs(lag) < 5 / n ** .5                                # neighbours are uncorrelated
+    other = Q.sr_uniforms(8, (1 << 20,)).double()
+    assert abs(torch.corrcoef(torch.stack([big, other]))[0, 1].item()) < 5 / n ** .5
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert Q.sr_seed(g1) == Q.sr_seed(g2) and Q.sr_seed(g1) != Q.sr_seed(torch.Generator().manual_seed(6))
