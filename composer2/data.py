@@ -4,7 +4,7 @@
 
 # %% ../nbs/2_data/00_data.ipynb #c003
 from __future__ import annotations
-import ast, collections, hashlib, json, os, platform, random, re, sysconfig
+import collections, hashlib, json, os, platform, random, re, sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,7 +65,8 @@ class DataConfig:
         check(self.minhash_perms % 4 == 0 and self.minhash_perms >= 8, "data.minhash_perms must be a multiple of 4, >= 8")
         check(not set(self.heldout_modules) & set(self.reserved_modules), "data: a module cannot be both held out and reserved")
         check(self.max_file_bytes > 0 and self.prose_max_bytes >= 0, "data: byte limits must be positive")
-        self.prose_sdists = [ProseSdist(**s) if isinstance(s, dict) else s for s in self.prose_sdists]
+        bad = [type(s).__name__ for s in self.prose_sdists if not isinstance(s, ProseSdist)]
+        check(not bad, f"data.prose_sdists: entries must be ProseSdist (load_section builds them from params.yaml), got {bad}")
         clash = [s.name for s in self.prose_sdists if _norm_pkg(s.name) in {_norm_pkg(p) for p in self.reserved_packages}]
         check(not clash, f"data.prose_sdists: {sorted(clash)} are reserved packages (data.reserved_packages)")
 

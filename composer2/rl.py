@@ -173,8 +173,9 @@ class RLRun:
                          **(self.meta or {})})
 
     def exhausted(self) -> PromptsExhausted:
-        "Keep what was trained (a checkpoint at this step), then name the counts and the ways out."
-        if self.learner.version > 0: self.save()
+        """Name the counts and the ways out; with `on_exhausted='error'` keep what was trained (a checkpoint at this step)
+        first (with 'stop', `_run` saves once, after recording `stopped_early`)."""
+        if self.learner.version > 0 and self.cfg.on_exhausted == 'error': self.save()
         s, cfg = self.sampler, self.cfg
         return PromptsExhausted(
             f'rl: the single epoch ran out of prompts at step {self.learner.version} of {self.end}: of {len(self.jobs)} prompts '

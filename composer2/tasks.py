@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import ConfigError, check
-from .io import sha256_file, sha256_text
+from .io import fetch_sdist, sha256_file, sha256_text, verify_sha256
 from .tasks_data import (CATEGORIES, DEFAULT_RESERVED, HIDDEN, Task, TaskError, changed_lines, default_exclusions,
-                                  fetch_sdist, load_exclusions, load_tasks, module_files, module_test_files, save_tasks,
-                                  stdlib_dir, stdlib_test_dir, unified_diff, verify_sha256)
+                                  load_exclusions, load_tasks, module_files, module_test_files, save_tasks,
+                                  stdlib_dir, stdlib_test_dir, unified_diff)
 from .tasks_grade import (PYFLAGS, SKIP_PARTS, Grade, LocalWorkspace, TaskEnv, TestRun, grade_env, grade_run,
                                    hidden_paths, run_hidden, run_state, runner_argv, runner_command, runner_program,
                                    sandbox_available, stdlib_dirs, stdlib_modules_in, task_env, tree_files, validate_task,

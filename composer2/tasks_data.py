@@ -4,11 +4,11 @@
 
 # %% ../nbs/6_harness/00_tasks_data.ipynb #c003
 from __future__ import annotations
-import dataclasses, difflib, json, os, re, subprocess, sys, sysconfig
+import dataclasses, difflib, json, os, sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .io import PinnedFileError, fetch_sdist, sha256_file, sha256_text, verify_sha256
+from .io import sha256_file, sha256_text
 from .data import RESERVED_PACKAGES
 
 # %% auto #0
