@@ -173,8 +173,7 @@ class RLRun:
                          **(self.meta or {})})
 
     def exhausted(self) -> PromptsExhausted:
-        """Name the counts and the ways out; with `on_exhausted='error'` keep what was trained (a checkpoint at this step)
-        first (with 'stop', `_run` saves once, after recording `stopped_early`)."""
+        "Name the counts and the ways out; when this raises (on_exhausted='error'), save what was trained first."
         if self.learner.version > 0 and self.cfg.on_exhausted == 'error': self.save()
         s, cfg = self.sampler, self.cfg
         return PromptsExhausted(
