@@ -181,7 +181,9 @@ class Engine:
         while len(self.rows) + len(new) < self.max_batch:
             try: new.append(self.waiting.get_nowait())
             except queue.Empty: break
-        self._new = new = [s for s in new if s is not None and not s.cancelled]     # None: `close` woke us
+        new = [s for s in new if s is not None]                                   # None: `close` woke us
+        self.stats['cancelled'] += sum(s.cancelled for s in new)                  # gone before its prefill
+        self._new = new = [s for s in new if not s.cancelled]
         if not new: return
         lens = [len(s.prompt) for s in new]; P = max(lens)
         c = KVCache.for_model(self.model, len(new), self.max_len)
