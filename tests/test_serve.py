@@ -153,9 +153,9 @@ def test_a_cancelled_row_leaves_the_batch_at_the_next_step(tiny_ckpt):
     from composer2.serve import Engine, _Seq, load_served
     model, tok = load_served(*tiny_ckpt, device='cpu')
     eng, q = Engine(model, tok, max_batch=4), queue.Queue()
-    def emit(e, box=[]):
-        if e[0] == 'text' and not box: box.append(1); long.cancelled = True     # the emit runs in the engine thread
-        if e[0] != 'text': q.put(e)
+    def emit(e):                  # runs in the engine thread: the row is cancelled as soon as its first token is out
+        if e[0] == 'text': long.cancelled = True
+        else: q.put(e)
     try:
         gone = _Seq(tok.encode('hi'), 2000, 0.0, 1.0, None, [], True, q.put, cancelled=True)   # left before its prefill
         long = _Seq(tok.encode('hi'), 2000, 0.0, 1.0, None, [], True, emit)
