@@ -20,8 +20,8 @@ from .rl_rollout import (RolloutConfig, harness_env_factory, reward_config, curr
 from .rl_transport import WorkerSpec, build_rollout_model, rollout_groups, tokenizer_spec
 
 # %% auto #0
-__all__ = ['EvalRLConfig', 'heldout_jobs', 'validation_jobs', 'expected_best_of', 'best_of_k_curve', 'heldout_summary',
-           'paired_difference']
+__all__ = ['EvalRLConfig', 'heldout_jobs', 'validation_jobs', 'eval_checkpoints', 'expected_best_of', 'best_of_k_curve',
+           'heldout_summary', 'paired_difference']
 
 # %% ../nbs/7_rl/03_rl_eval.ipynb #c004
 @dataclass
@@ -35,7 +35,8 @@ class EvalRLConfig:
     task_seed: int = 1
     k: int = 4
     groups_per_batch: int = 8
-    threads: int = 2
+    threads: int = 2               # CPU threads of the whole evaluation, shared out among `processes`
+    processes: int = 1             # checkpoints evaluated at once, each in its own process (1: one after another, here)
     env_backend: Literal['sandbox', 'local'] = 'sandbox'
     bench_name: str = 'ReserveBench'
     bench_version: str = 'v1'
@@ -49,6 +50,7 @@ class EvalRLConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     def __post_init__(self):
         check(self.n_heldout >= 2 and self.k >= 1, 'eval_rl: n_heldout must be >= 2 and k >= 1')
+        check(self.threads >= 1 and self.processes >= 1, 'eval_rl: threads and processes must be >= 1')
         check(self.n_validation == 0 or self.n_validation >= 2, 'eval_rl.n_validation must be 0 (none) or >= 2')
         check(self.validation_seed != self.task_seed, 'eval_rl.validation_seed must differ from eval_rl.task_seed')
 
@@ -78,16 +80,18 @@ def validation_jobs(cfg: EvalRLConfig, heldout: list[dict]) -> tuple[list[dict],
     return ([{'task': t, 'system': system, 'prompt_id': t.id, 'group_id': i, 'group_size': cfg.k}
              for i, t in enumerate(tasks[:cfg.n_validation])], f'make_tasks(seed={cfg.validation_seed}) minus held-out')
 
-def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads, paired_noise: bool = False, desc: str | None = None, live=None):
+def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads, paired_noise: bool = False, desc: str | None = None, live=None,
+               position: int | None = None):
     """Rollouts of one checkpoint on `jobs`: per-task lists of trajectories, and the fp32 model (for mismatch).
-    `paired_noise`: each episode samples from its own stream (`episode_generators`), else one stream for all."""
+    `paired_noise`: each episode samples from its own stream (`episode_generators`), else one stream for all. `tok`: a
+    tokenizer or its `tokenizer_spec`; `position`: the progress bar's line (one per process when several run at once)."""
     model, _ = load_model(path)
-    spec = WorkerSpec(to_dict(model.cfg), tokenizer_spec(tok), rc, fac, gpb, threads, seed)
+    spec = WorkerSpec(to_dict(model.cfg), tok if isinstance(tok, str) else tokenizer_spec(tok), rc, fac, gpb, threads, seed)
     rmodel, codec = build_rollout_model(spec)
     load_state_into(rmodel, publishable_state(model))
     gen = torch.Generator().manual_seed(seed)
     res, rewards = [], []
-    bar = tqdm(total=len(jobs), desc=desc or 'eval', disable=desc is None)   # `desc`: progress (tasks) with the running mean
+    bar = tqdm(total=len(jobs), desc=desc or 'eval', disable=desc is None, position=position)   # progress (tasks), running mean
     for i in range(0, len(jobs), gpb):
         batch = jobs[i:i + gpb]
         r, _, _ = rollout_groups(rmodel, codec, spec, batch, None, 0, episode_generators(batch, seed) if paired_noise else gen)
@@ -97,6 +101,57 @@ def _eval_ckpt(path, tok, jobs, fac, rc, gpb, seed, threads, paired_noise: bool 
             live.step = len(res); live.log_metric(f'{desc or "eval"}/running_mean_reward', float(np.mean(rewards)))
     bar.close()
     return res, model
+
+# %% ../nbs/7_rl/03_rl_eval.ipynb #c004b
+class _QueueLive:
+    "`_eval_ckpt`'s `live` inside a worker process: each metric goes over a queue to the parent, which logs it."
+    def __init__(self, q): self.q, self.step = q, 0
+    def log_metric(self, name, value): self.q.put((name, self.step, value))
+
+_PROGRESS = []      # in a worker process of `eval_checkpoints`: its progress queue (set when the process starts)
+
+def _eval_worker_init(q): _PROGRESS.append(q)
+
+def _eval_worker(path, tok_spec, jobs, fac, rc, gpb, seed, threads, paired_noise, desc, position):
+    torch.set_num_threads(threads)
+    live = _QueueLive(_PROGRESS[-1]) if _PROGRESS and desc is not None else None
+    return _eval_ckpt(path, tok_spec, jobs, fac, rc, gpb, seed, threads, paired_noise, desc, live, position)[0]
+
+def eval_checkpoints(ckpts: dict, tok, jobs, fac, rc, gpb, seed, threads: int = 1, paired_noise: bool = False,
+                     desc: str | None = None, live=None, processes: int = 1) -> dict:
+    """`_eval_ckpt` of every checkpoint of `ckpts` {name: path} on the same `jobs`: {name: per-task trajectories}.
+    With `processes` > 1 up to that many checkpoints run at once, each in a spawned process with its share of `threads`
+    (at least one), their progress logged here to `live` under `{desc}/{name}`; with 1, one after another in this
+    process with `threads` threads. The episodes' noise does not depend on the arrangement (`paired_noise` streams)."""
+    check(threads >= 1 and processes >= 1, f'eval_checkpoints: threads ({threads}) and processes ({processes}) must be >= 1')
+    name = lambda n: f'{desc}/{n}' if desc is not None else None
+    if processes == 1 or len(ckpts) == 1:
+        torch.set_num_threads(threads)
+        return {n: _eval_ckpt(p, tok, jobs, fac, rc, gpb, seed, threads, paired_noise, name(n), live)[0] for n, p in ckpts.items()}
+    import multiprocessing, queue, threading
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    ctx, P = multiprocessing.get_context('spawn'), min(processes, len(ckpts))
+    q, done, spec = ctx.Queue(), threading.Event(), tok if isinstance(tok, str) else tokenizer_spec(tok)
+    def drain():         # the workers' running means into `live`, from this process only (dvclive is not shared)
+        while not done.is_set() or not q.empty():
+            try: metric, step, v = q.get(timeout=0.2)
+            except queue.Empty: continue
+            if live is not None: live.step = step; live.log_metric(metric, v)
+    t = threading.Thread(target=drain, name='eval-progress', daemon=True); t.start()
+    try:
+        import composer2.rl_eval as lib      # the package's functions, which a spawned process imports (not a notebook's copy)
+        with ProcessPoolExecutor(P, mp_context=ctx, initializer=lib._eval_worker_init, initargs=(q,)) as ex:
+            futs = {n: ex.submit(lib._eval_worker, p, spec, jobs, fac, rc, gpb, seed, max(1, threads // P), paired_noise, name(n), i % P)
+                    for i, (n, p) in enumerate(ckpts.items())}
+            wait(futs.values(), return_when=FIRST_EXCEPTION)
+            bad = [f.exception() for f in futs.values() if f.done() and f.exception() is not None]
+            if bad:          # stop the other checkpoints' runs now rather than after they finish
+                for p in list((getattr(ex, '_processes', None) or {}).values()): p.terminate()
+                raise bad[0]
+            return {n: f.result() for n, f in futs.items()}
+    finally:
+        done.set(); t.join()
+
 
 # %% ../nbs/7_rl/03_rl_eval.ipynb #c005
 def expected_best_of(rewards, K: int) -> float:

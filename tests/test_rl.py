@@ -506,3 +506,35 @@ def test_validation_draw_is_disjoint_from_heldout_and_training_tasks(tmp_path):
     assert len(vid) == 6 and not hid & vid and 'seed=3' in source
     assert not vid & {t.id for t in make_tasks(24, 1, split='train')}     # the training split (rl.task_seed 1)
     with pytest.raises(Exception, match='validation_seed'): EvalRLConfig(task_seed=3, validation_seed=3)
+
+
+def test_checkpoints_scored_side_by_side_give_the_same_episodes_and_report_a_bad_one(setup, tmp_path):
+    "`eval_checkpoints` in two processes (one thread each) against one after another here: the same episodes, exactly."
+    from composer2.rl_eval import eval_checkpoints
+    from composer2.train import save_checkpoint
+    tok = setup[0]
+    for i in range(2): save_checkpoint(tmp_path / f'm{i}', R.tiny_setup(seed=i)[2])
+    ck = {'a': tmp_path / 'm0', 'b': tmp_path / 'm1'}
+    jobs = [{'prompt_id': f'p{i}', 'group_id': i, 'group_size': 3, 'env': {'turns': 2}} for i in range(4)]
+    rc = _rc(max_new_tokens=12)
+    ep = lambda res: [[(t.reward, [s.ids.tolist() for s in t.segments], [np.asarray(s.blogp).tolist() for s in t.segments]) for t in ts] for _, ts in res]
+
+    class Live:                      # what dvclive's Live is used for: the running means, by metric and step
+        def __init__(self): self.step, self.logged = 0, []
+        def log_metric(self, name, v): self.logged.append((name, self.step, v))
+    live = Live()
+    torch_threads = torch.get_num_threads()
+    one = eval_checkpoints(ck, tok, jobs, R.toy_env_factory, rc, 2, 0, threads=1, paired_noise=True)
+    two = eval_checkpoints(ck, tok, jobs, R.toy_env_factory, rc, 2, 0, threads=2, paired_noise=True, desc='t', live=live,
+                           processes=2)
+    torch.set_num_threads(torch_threads)
+    assert list(two) == ['a', 'b'] and ep(one['a']) == ep(two['a']) and ep(one['b']) == ep(two['b'])
+    assert ep(one['a']) != ep(one['b'])
+    # every batch (2 groups) of each checkpoint logged its running mean from the worker processes
+    assert sorted((n, s) for n, s, _ in live.logged) == [('t/a/running_mean_reward', 2), ('t/a/running_mean_reward', 4),
+                                                         ('t/b/running_mean_reward', 2), ('t/b/running_mean_reward', 4)]
+    with pytest.raises(Exception, match='missing'):
+        eval_checkpoints({'a': ck['a'], 'b': tmp_path / 'missing'}, tok, jobs, R.toy_env_factory, rc, 2, 0, threads=2,
+                         paired_noise=True, processes=2)
+    with pytest.raises(Exception, match=r'processes \(0\) must be >= 1'):
+        eval_checkpoints(ck, tok, jobs, R.toy_env_factory, rc, 2, 0, processes=0)

@@ -12,7 +12,8 @@ import torch
 from ..config import load_section, write_resolved
 from ..tokenizer import stage_tokenizer
 from ..rl_loss import measure_mismatch
-from ..rl_eval import (EvalRLConfig, heldout_jobs, validation_jobs, _eval_ckpt, heldout_summary, paired_difference, best_of_k_curve,
+from ..train import load_model
+from ..rl_eval import (EvalRLConfig, heldout_jobs, validation_jobs, eval_checkpoints, heldout_summary, paired_difference, best_of_k_curve,
                                _real_bench)
 from . import write_metrics, live_dir
 
@@ -54,24 +55,22 @@ def run(params: str = 'params.yaml') -> dict:
     jobs, source, fac = heldout_jobs(cfg, root)
     from dvclive import Live
     live = Live(str(root / live_dir('eval_rl')), dvcyaml=None, save_dvc_exp=False, report=None)
-    ckpts = (('agent_sft', cfg.sft_ckpt), ('rl', cfg.rl_ckpt))
+    ckpts = {'agent_sft': root / cfg.sft_ckpt, 'rl': root / cfg.rl_ckpt}
+    score = lambda js, desc: eval_checkpoints(ckpts, tok, js, fac, cfg.rollout, cfg.groups_per_batch, cfg.seed, cfg.threads,
+                                              cfg.paired_noise, desc, live, cfg.processes)
     val = {}
     if cfg.n_validation:        # the draw settings are chosen on: reported apart, never part of the verdict
         vjobs, vsource = validation_jobs(cfg, jobs)
-        vs = {n: heldout_summary(_eval_ckpt(root / p, tok, vjobs, fac, cfg.rollout, cfg.groups_per_batch, cfg.seed, cfg.threads,
-                                            cfg.paired_noise, f'validation/{n}', live)[0]) for n, p in ckpts}
+        vs = {n: heldout_summary(r) for n, r in score(vjobs, 'validation').items()}
         val = {'n': len(vjobs), 'seed': cfg.validation_seed, 'source': vsource,
                'reward': {n: {'mean': s['mean'], 'stderr': s['stderr']} for n, s in vs.items()},
                'resolved': {n: s['resolved'] for n, s in vs.items()},
                'difference': paired_difference(vs['agent_sft']['per_task_mean'], vs['rl']['per_task_mean'])}
-    res, summ, models = {}, {}, {}
-    for name, p in ckpts:
-        res[name], models[name] = _eval_ckpt(root / p, tok, jobs, fac, cfg.rollout, cfg.groups_per_batch, cfg.seed, cfg.threads,
-                                             cfg.paired_noise, f'heldout/{name}', live)
-        summ[name] = heldout_summary(res[name])
+    res = score(jobs, 'heldout'); summ = {n: heldout_summary(r) for n, r in res.items()}
     live.end()
+    torch.set_num_threads(cfg.threads)
     groups = [ts for _, ts in res['rl']][:16]          # 16 groups of fresh RL rollouts are plenty of tokens
-    mm = measure_mismatch(models['rl'], groups, 0)
+    mm = measure_mismatch(load_model(ckpts['rl'])[0], groups, 0)
     diff = paired_difference(summ['agent_sft']['per_task_mean'], summ['rl']['per_task_mean'])
     diff_best = paired_difference(summ['agent_sft']['per_task_best'], summ['rl']['per_task_best'])
     curve = {K: {'agent_sft': v['a'], 'rl': v['b'], 'difference': v['difference']}
@@ -79,7 +78,7 @@ def run(params: str = 'params.yaml') -> dict:
     vd = verdict(diff, summ)
     bench = {}
     if cfg.bench_tasks:
-        bench = _real_bench(cfg, root, tok, {n: root / p for n, p in (('agent_sft', cfg.sft_ckpt), ('rl', cfg.rl_ckpt))})
+        bench = _real_bench(cfg, root, tok, ckpts)
     (out / 'samples.jsonl').write_text(''.join(json.dumps(s) + '\n' for s in _samples(res)))
     write_resolved(out, eval_rl=cfg)
     m = {'heldout_reward': {n: {'mean': s['mean'], 'stderr': s['stderr']} for n, s in summ.items()},
