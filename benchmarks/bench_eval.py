@@ -5,7 +5,6 @@ Prints the wall-time ratio and checks both arrangements produced the same reward
 outputs (`dvc repro eval_rl`); skipped without them. `python benchmarks/bench_eval.py [--tasks 8] [--k 16]`."""
 import argparse, dataclasses, time
 from pathlib import Path
-import numpy as np
 
 def main():
     ap = argparse.ArgumentParser()
@@ -30,7 +29,7 @@ def main():
         wall.setdefault(P, []).append(time.perf_counter() - t)
         res.setdefault(P, []).append({n: [t.reward for _, ts in v for t in ts] for n, v in r.items()})
     w1, w2 = min(wall[1]), min(wall[2])
-    same = all(np.allclose(res[1][0][n], x[n], atol=0) for x in res[1] + res[2] for n in ckpts)
+    same = all(x == res[1][0] for x in res[1] + res[2])        # exact: every reward of every checkpoint
     print(f'{len(jobs)} tasks x {a.k} samples x 2 checkpoints: one process, 2 threads {w1:.1f} s; two processes, 1 thread '
           f'each {w2:.1f} s (best of 2 each); identical rewards in all four runs: {same}')
     print(f'RATIO two processes / one process (speed) = {w1 / w2:.2f}')
