@@ -69,3 +69,11 @@ def test_notebooks_stay_readable():
         big_cells += [f'{nb.relative_to(ROOT)}: an exported cell of {len(c.splitlines())} lines' for c in cells
                       if '#| export' in c and len(c.splitlines()) > 80]
     assert not too_long and not big_cells, too_long + big_cells
+
+def test_no_notebook_exports_the_package_when_run():
+    # `make notebooks` runs the notebooks two at a time: a notebook ending in `nbdev_export()` rewrote every module of
+    # composer2/ while the other imported it (CI failed with "cannot import name 'RLStageConfig' from composer2.rl").
+    # Exporting is `make export`'s job, never a side effect of running a notebook.
+    calls = [str(nb.relative_to(ROOT)) for nb in sorted((ROOT / 'nbs').rglob('*.ipynb'))
+             if any('nbdev_export(' in c or 'nb_export(' in c for c in _code_cells(nb))]
+    assert not calls, f'notebooks that export the package when run: {calls}'
