@@ -39,9 +39,14 @@ def segment_batch(segs: list[Segment], n_moe_layers: int, top_k: int):
     return dict(x=x, y=y, mask=m, blogp=bl, version=ver, routes=rt, lens=lens)
 
 def token_logprobs(model, batch: dict, replay: bool = True) -> torch.Tensor:
-    "Trainer log p of each target token [B, T]: fp32 full-sequence forward, forcing the recorded routes when `replay`."
-    out = model(batch['x'], routes=batch['routes'] if replay else None, input_lens=batch['lens'])
-    return out.logits.float().log_softmax(-1).gather(-1, batch['y'][..., None])[..., 0]
+    """Trainer log p of each trained target token [B, T] (0 where `mask` is 0): fp32 full-sequence forward, forcing the
+    recorded routes when `replay`. The vocabulary head runs at the masked positions only (`model` may be wrapped in DDP)."""
+    sel = batch['mask'] > 0
+    out = model(batch['x'], routes=batch['routes'] if replay else None, input_lens=batch['lens'], return_hidden=True,
+                logits_at=torch.zeros(sel.shape[0], dtype=torch.long))      # the [B, 1, V] logits it must compute: unused
+    core = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    lp = core.head(core.norm(out.hidden[sel])).float().log_softmax(-1).gather(-1, batch['y'][sel][:, None])[:, 0]
+    return lp.new_zeros(sel.shape).masked_scatter(sel, lp)
 
 # %% ../nbs/7_rl/01_rl_loss.ipynb #c009
 def group_advantages(rewards: list[float]) -> list[float]:
