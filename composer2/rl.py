@@ -20,7 +20,6 @@ from .train import save_checkpoint, load_weights, read_meta, _dist_info, _broadc
 from .rl_rollout import *
 from .rl_loss import *
 from .rl_transport import *
-from .rl_eval import *
 from .rl_rollout import Trajectory, RolloutConfig, ManualWeights, publishable_state, load_state_into
 from .rl_loss import (Learner, LossConfig, EpochSampler, CategorySampler, sampler_from_state, informative,
                                measure_mismatch)

@@ -108,13 +108,15 @@ class _QueueLive:
     def __init__(self, q): self.q, self.step = q, 0
     def log_metric(self, name, value): self.q.put((name, self.step, value))
 
-_PROGRESS = []      # in a worker process of `eval_checkpoints`: its progress queue (set when the process starts)
+_progress_queue = None      # in a worker process of `eval_checkpoints`: its progress queue (set when the process starts)
 
-def _eval_worker_init(q): _PROGRESS.append(q)
+def _eval_worker_init(q):
+    global _progress_queue
+    _progress_queue = q
 
 def _eval_worker(path, tok_spec, jobs, fac, rc, gpb, seed, threads, paired_noise, desc, position):
     torch.set_num_threads(threads)
-    live = _QueueLive(_PROGRESS[-1]) if _PROGRESS and desc is not None else None
+    live = _QueueLive(_progress_queue) if _progress_queue is not None and desc is not None else None
     return _eval_ckpt(path, tok_spec, jobs, fac, rc, gpb, seed, threads, paired_noise, desc, live, position)[0]
 
 def eval_checkpoints(ckpts: dict, tok, jobs, fac, rc, gpb, seed, threads: int = 1, paired_noise: bool = False,
@@ -144,9 +146,9 @@ def eval_checkpoints(ckpts: dict, tok, jobs, fac, rc, gpb, seed, threads: int = 
             futs = {n: ex.submit(lib._eval_worker, p, spec, jobs, fac, rc, gpb, seed, max(1, threads // P), paired_noise, name(n), i % P)
                     for i, (n, p) in enumerate(ckpts.items())}
             wait(futs.values(), return_when=FIRST_EXCEPTION)
-            bad = [f.exception() for f in futs.values() if f.done() and f.exception() is not None]
+            bad = [e for f in futs.values() if f.done() and (e := f.exception()) is not None]
             if bad:          # stop the other checkpoints' runs now rather than after they finish
-                for p in list((getattr(ex, '_processes', None) or {}).values()): p.terminate()
+                for p in list((getattr(ex, '_processes', None) or {}).values()): p.terminate()   # no public call before 3.14
                 raise bad[0]
             return {n: f.result() for n, f in futs.items()}
     finally:

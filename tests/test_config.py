@@ -15,7 +15,8 @@ from composer2.stages.lowp import LowpStageConfig
 from composer2.tasks import TasksConfig
 from composer2.bench import BenchConfig
 from composer2.curriculum import AgentSFTConfig
-from composer2.rl import RLStageConfig, EvalRLConfig
+from composer2.rl import RLStageConfig
+from composer2.rl_eval import EvalRLConfig
 from composer2.stages.export_hf import ExportHFConfig
 from composer2.tasks_v2 import TasksV2Config
 from composer2.stages.studies import StudiesConfig

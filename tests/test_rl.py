@@ -468,16 +468,17 @@ def test_episode_streams_do_not_depend_on_the_batch_and_pair_checkpoints(setup):
 
 def test_expected_best_of_matches_brute_force_and_pass_at_k():
     import itertools
+    from composer2.rl_eval import expected_best_of, best_of_k_curve
     rng = np.random.default_rng(0)
     for n in (1, 4, 7):
         r = rng.normal(size=n).round(2).tolist()
         for K in range(1, n + 1):
             brute = np.mean([max(s) for s in itertools.combinations(r, K)])
-            assert abs(R.expected_best_of(r, K) - brute) < 1e-12
+            assert abs(expected_best_of(r, K) - brute) < 1e-12
     for n, c, K in ((10, 3, 4), (16, 1, 16), (16, 0, 2)):      # pass@k = 1 - C(n - c, k) / C(n, k) on 0/1 rewards
-        assert abs(R.expected_best_of([1.0] * c + [0.0] * (n - c), K) - (1 - math.comb(n - c, K) / math.comb(n, K))) < 1e-12
-    with pytest.raises(R.ConfigError, match='best-of-0 needs'): R.expected_best_of([1.0], 0)
-    cv = R.best_of_k_curve([[0.0, 1.0, 0.0, 0.0]] * 3, [[0.0, 0.0, 0.0, 0.0]] * 3, 4)
+        assert abs(expected_best_of([1.0] * c + [0.0] * (n - c), K) - (1 - math.comb(n - c, K) / math.comb(n, K))) < 1e-12
+    with pytest.raises(R.ConfigError, match='best-of-0 needs'): expected_best_of([1.0], 0)
+    cv = best_of_k_curve([[0.0, 1.0, 0.0, 0.0]] * 3, [[0.0, 0.0, 0.0, 0.0]] * 3, 4)
     assert list(cv) == ['1', '2', '4'] and cv['4']['difference']['diff'] == -1.0 and cv['2']['a'] == 0.5
 
 
