@@ -166,18 +166,29 @@ def autocast_ctx(cfg: TrainConfig, device: torch.device):
     use = cfg.precision == 'bf16' or (cfg.precision == 'auto' and device.type == 'cuda' and torch.cuda.is_bf16_supported())
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use)
 
+_CE_ROWS = 512   # rows of logits per block: a [512, V] block stays in cache between its passes
+
+def _blocks(n: int): return [(i, min(i + _CE_ROWS, n)) for i in range(0, n, _CE_ROWS)]
+
 class _MaskedCE(torch.autograd.Function):
     """sum_i m_i (logsumexp(z_i) - z_i[y_i]) in one read of the logits z [N, V]; the backward writes the one [N, V]
-    gradient, m_i (softmax(z_i) - onehot(y_i)), in place (no log-softmax copy kept between forward and backward)."""
+    gradient, m_i (softmax(z_i) - onehot(y_i)), in place (no log-softmax copy kept between forward and backward).
+    Both run in blocks of `_CE_ROWS` rows (each row's values are computed exactly as unblocked: rows are independent)."""
     @staticmethod
     def forward(ctx, z, y, m):
-        lse = torch.logsumexp(z, -1)
+        blk = type(z) is torch.Tensor and z.shape[0] > _CE_ROWS       # DTensor shards: one call
+        lse = torch.cat([torch.logsumexp(z[a:b], -1) for a, b in _blocks(z.shape[0])]) if blk else torch.logsumexp(z, -1)
         ctx.save_for_backward(z, lse, y, m)
         return ((lse - z.gather(1, y[:, None])[:, 0]) * m).sum()
     @staticmethod
     def backward(ctx, g):
         z, lse, y, m = ctx.saved_tensors; gm = (g * m)[:, None]
-        return torch.sub(z, lse[:, None]).exp_().mul_(gm).scatter_add_(1, y[:, None], -gm), None, None
+        if not (type(z) is torch.Tensor and z.shape[0] > _CE_ROWS):
+            return torch.sub(z, lse[:, None]).exp_().mul_(gm).scatter_add_(1, y[:, None], -gm), None, None
+        out = torch.empty_like(z)
+        for a, b in _blocks(z.shape[0]):
+            torch.sub(z[a:b], lse[a:b, None], out=out[a:b]).exp_().mul_(gm[a:b]).scatter_add_(1, y[a:b, None], -gm[a:b])
+        return out, None, None
 
 def masked_ce(logits, y, mask) -> tuple[torch.Tensor, torch.Tensor]:
     "Sum of token cross-entropies where `mask` is 1 (and the target is not -100), and the number of such tokens."
