@@ -67,15 +67,17 @@ class KVCache:
         lengths = torch.as_tensor(lengths, device=self.lengths.device, dtype=torch.long)
         if bool((lengths > self.lengths).any()): raise ValueError("truncate can only shorten the cache")
         self.lengths = lengths.clone()
-    def take(self, rows) -> 'KVCache':
-        "A new cache holding copies of batch rows `rows` (up to their longest length), e.g. to feed a few rows apart."
+    def take(self, rows, room: int | None = None) -> 'KVCache':
+        """A new cache holding copies of batch rows `rows` (up to their longest length), e.g. to feed a few rows apart;
+        `room`: the positions it must hold beyond that length (its capacity; default this cache's capacity)."""
         rows = torch.as_tensor(rows, device=self.lengths.device, dtype=torch.long)
-        c = KVCache.__new__(KVCache); c.max_len = self.max_len; n = int(self.lengths[rows].max())
+        n = int(self.lengths[rows].max())
+        c = KVCache.__new__(KVCache); c.max_len = self.max_len if room is None else min(self.max_len, n + int(room))
         c.k, c.v = [], []
         for src, dst in ((self.k, c.k), (self.v, c.v)):
             for t in src:
                 # zeros beyond: masked keys still meet their values (0 x NaN of uninitialised memory is NaN)
-                b = t.new_zeros(len(rows), *t.shape[1:]); b[:, :, :n] = t[rows, :, :n]; dst.append(b)
+                b = t.new_zeros(len(rows), t.shape[1], c.max_len, *t.shape[3:]); b[:, :, :n] = t[rows, :, :n]; dst.append(b)
         c.lengths = self.lengths[rows].clone(); return c
     def put(self, rows, sub: 'KVCache'):
         "Write back a cache made by `take(rows)` (its rows up to their new lengths)."

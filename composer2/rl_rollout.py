@@ -369,7 +369,7 @@ class TokenPolicy(Policy):
         feed = [rows[i].pending if i in go else [] for i in live]
         multi, logit, route = [j for j in act if len(feed[j]) > 1], {}, {}
         if multi and len(multi) < len(live):
-            sub = self.cache.take(multi)
+            sub = self.cache.take(multi, room=max(len(feed[j]) for j in multi))   # capacity for this feed only
             lg, rt = self._run(sub, [feed[j] for j in multi]); self.cache.put(multi, sub)
             for n, j in enumerate(multi): logit[j], route[j] = lg[n], rt[:, n, :len(feed[j])]
             feed = [[] if len(f) > 1 else f for f in feed]

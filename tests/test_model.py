@@ -194,6 +194,9 @@ def test_kv_cache_writes_each_row_at_its_offset_and_takes_rows_apart():
     c.put([2, 0], sub)
     assert c.lengths.tolist() == [4, 8, 13] and (c.k[0][2, :, 12] == 1).all() and (c.k[0][0, :, 3] == 1).all()
     assert not c.k[0][1].any()                                           # the row not taken is untouched
+    sub = c.take([1], room=2)                                            # capacity: the longest row and 2 more
+    assert sub.max_len == 10 and sub.k[0].shape == (1, 2, 10, 4) and torch.equal(sub.k[1][0, :, :8], c.k[1][1, :, :8])
+    with pytest.raises(ValueError, match='overflow'): sub.write(0, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), sub.lengths)
 
 
 @pytest.mark.numerics
