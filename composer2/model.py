@@ -461,7 +461,8 @@ class Transformer(nn.Module):
         """`ids` [B, T]. `routes` [n_moe_layers, B, T, k] forces expert choices. With `cache`, the tokens continue each
         row from its cached length; `input_lens` [B] says how many of the T tokens are real (the rest is padding).
         `stats=False` skips the MoE balance statistics (no aux_loss / expert_counts; the fast path for decoding, used
-        without autograd); `logits_at` [B] computes logits only at that position of each row ([B, 1, V])."""
+        without autograd); `logits_at` [B] computes logits only at that position of each row ([B, 1, V]); a boolean
+        `logits_at` [B, T] computes them at its True positions only ([N, V], in row-major order)."""
         B, T = ids.shape; dev = ids.device
         pos, valid, common = _inputs(self.cfg, ids, cache, input_lens, positions)
         if input_lens is not None: input_lens = torch.as_tensor(input_lens, device=dev, dtype=torch.long)
@@ -482,7 +483,9 @@ class Transformer(nn.Module):
                 mi += 1
         if cache is not None: cache.advance(input_lens if input_lens is not None else T, common)
         hidden = x
-        if logits_at is not None: x = x[torch.arange(B, device=dev), torch.as_tensor(logits_at, device=dev)][:, None]
+        if logits_at is not None:
+            at = torch.as_tensor(logits_at, device=dev)
+            x = x[at] if at.dtype == torch.bool else x[torch.arange(B, device=dev), at][:, None]
         logits = self.head(self.norm(x)) if stats else self.norm(x) @ _wt(self, 'head', (self.head.weight,))
         out = ModelOutput(logits)
         if stats: out.aux_loss, out.expert_counts = aux / max(1, self.cfg.n_moe_layers), torch.stack(counts) if counts else None

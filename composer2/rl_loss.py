@@ -40,12 +40,10 @@ def segment_batch(segs: list[Segment], n_moe_layers: int, top_k: int):
 
 def token_logprobs(model, batch: dict, replay: bool = True) -> torch.Tensor:
     """Trainer log p of each trained target token [B, T] (0 where `mask` is 0): fp32 full-sequence forward, forcing the
-    recorded routes when `replay`. The vocabulary head runs at the masked positions only (`model` may be wrapped in DDP)."""
+    recorded routes when `replay`. The vocabulary head runs at the masked positions only (a boolean `logits_at`)."""
     sel = batch['mask'] > 0
-    out = model(batch['x'], routes=batch['routes'] if replay else None, input_lens=batch['lens'], return_hidden=True,
-                logits_at=torch.zeros(sel.shape[0], dtype=torch.long))      # the [B, 1, V] logits it must compute: unused
-    core = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    lp = core.head(core.norm(out.hidden[sel])).float().log_softmax(-1).gather(-1, batch['y'][sel][:, None])[:, 0]
+    out = model(batch['x'], routes=batch['routes'] if replay else None, input_lens=batch['lens'], logits_at=sel)
+    lp = out.logits.float().log_softmax(-1).gather(-1, batch['y'][sel][:, None])[:, 0]
     return lp.new_zeros(sel.shape).masked_scatter(sel, lp)
 
 # %% ../nbs/7_rl/01_rl_loss.ipynb #c009

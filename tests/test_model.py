@@ -228,3 +228,12 @@ def test_bf16_model_keeps_its_exact_values_in_an_fp32_cache():
     assert torch.equal(c32.k[0][:, :, :7], c16.k[0][:, :, :7].float()) and torch.equal(c32.v[0][:, :, :7], c16.v[0][:, :, :7].float())
     # attention in fp32 against bf16: same function, bf16 rounding apart
     torch.testing.assert_close(a.float(), b.float(), atol=0.1, rtol=0.05)
+
+
+def test_logits_at_a_boolean_mask_gives_the_full_logits_at_its_positions():
+    m = model(); ids = torch.randint(0, 97, (3, 10)); at = torch.rand(3, 10) > 0.6; at[1] = False; at[2, -1] = True
+    with torch.no_grad():
+        full, part = m(ids).logits, m(ids, logits_at=at).logits
+    assert part.shape == (int(at.sum()), full.shape[-1])
+    # toleranced: the head over fewer rows may block its GEMM differently
+    torch.testing.assert_close(part, full[at], atol=1e-5, rtol=1e-5)
