@@ -400,6 +400,11 @@ def moe_infer(moe, x, routes=None):
         out = out + shared_out(moe, x, _swiglu(x, _wt(sh, 'w13', (sh.w1.weight, sh.w3.weight)), _wt(sh, 'w2', (sh.w2.weight,))))
     return out, idx
 
+def _rows_at(x, at):
+    "`x` [B, T, D] at position `at` [B] of each row ([B, 1, D]), or at the True positions of a boolean `at` [B, T] ([N, D])."
+    at = torch.as_tensor(at, device=x.device)
+    return x[at] if at.dtype == torch.bool else x[torch.arange(x.shape[0], device=x.device), at][:, None]
+
 def _inputs(cfg, ids, cache, input_lens, positions):
     "Checks `ids` and returns the positions [B, T], the real-token mask (or None) and the common real length (or None)."
     B, T = ids.shape; dev = ids.device
@@ -483,9 +488,7 @@ class Transformer(nn.Module):
                 mi += 1
         if cache is not None: cache.advance(input_lens if input_lens is not None else T, common)
         hidden = x
-        if logits_at is not None:
-            at = torch.as_tensor(logits_at, device=dev)
-            x = x[at] if at.dtype == torch.bool else x[torch.arange(B, device=dev), at][:, None]
+        if logits_at is not None: x = _rows_at(x, logits_at)
         logits = self.head(self.norm(x)) if stats else self.norm(x) @ _wt(self, 'head', (self.head.weight,))
         out = ModelOutput(logits)
         if stats: out.aux_loss, out.expert_counts = aux / max(1, self.cfg.n_moe_layers), torch.stack(counts) if counts else None

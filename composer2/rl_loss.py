@@ -16,7 +16,7 @@ from .model import Transformer
 from .rl_rollout import NO_ROUTE, Segment, Trajectory
 
 # %% auto #0
-__all__ = ['segment_batch', 'token_logprobs', 'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch',
+__all__ = ['segment_batch', 'token_logprobs', 'group_advantages', 'pg_loss', 'kl_penalty', 'informative', 'mismatch', 'by_length',
            'LossConfig', 'Learner', 'data_parallel', 'EpochSampler', 'CategorySampler', 'sampler_from_state',
            'measure_mismatch']
 
@@ -86,6 +86,12 @@ def mismatch(logp, blogp, mask) -> dict:
     k3 = (torch.exp(d) - 1 - d).mean()
     return {'k3': float(k3), 'abs_dlogp': float(d.abs().mean()), 'n': int(d.numel())}
 
+# %% ../nbs/7_rl/01_rl_loss.ipynb #c012t
+def by_length(segs: list, advs: list) -> tuple[list, list]:
+    "Segments (and their advantages) shortest first; a stable sort, so equal lengths keep their order on every rank."
+    order = sorted(range(len(segs)), key=lambda j: len(segs[j].ids))
+    return [segs[j] for j in order], [advs[j] for j in order]
+
 # %% ../nbs/7_rl/01_rl_loss.ipynb #c013
 @dataclass
 class LossConfig:
@@ -127,6 +133,7 @@ class Learner:
         for g in groups:
             for tr, a in zip(g, group_advantages([t.reward for t in g])):
                 for s in tr.segments: segs.append(s); advs.append(a)
+        segs, advs = by_length(segs, advs)
         self.opt.zero_grad(set_to_none=True)
         tot, stats, mm, stale = 0.0, collections.defaultdict(float), {'k3': [], 'abs': []}, []
         n_tok = 0
