@@ -41,6 +41,7 @@ class EvalRLConfig:
     bench_name: str = 'ReserveBench'
     bench_version: str = 'v1'
     bench_tasks: int = 12          # real harness tasks run per checkpoint (0: skip)
+    bench_dir: str = 'data/tasks'  # the frozen set (the tasks stage's output; a dvc dep of eval_rl)
     bench_context_budget: int = 1024
     seed: int = 0
     paired_noise: bool = True      # sample s of task i draws from one stream under both checkpoints (common random numbers)
@@ -195,8 +196,9 @@ def paired_difference(a: list[float], b: list[float]) -> dict:
 def _real_bench(cfg, root, tok, ckpts: dict) -> dict:
     "The real harness set (frozen by the tasks stage) on each checkpoint: tasks whose prompt fits the context."
     from composer2.bench import load_frozen
-    try: tasks, man = load_frozen(root / 'data' / 'tasks', cfg.bench_name, cfg.bench_version)
-    except Exception as e: return {'error': f'{type(e).__name__}: {e}'}
+    # no fallback: a missing or corrupt set is an error that names it (a fresh clone's eval_rl once ran before the tasks
+    # stage and recorded the error as its result)
+    tasks, man = load_frozen(Path(root) / cfg.bench_dir, cfg.bench_name, cfg.bench_version)
     tasks = sorted(tasks, key=lambda t: t.id)[:cfg.bench_tasks]
     rc = RolloutConfig(**{**asdict(cfg.rollout), 'context_budget': cfg.bench_context_budget})
     out = {}

@@ -77,3 +77,23 @@ def test_no_notebook_exports_the_package_when_run():
     calls = [str(nb.relative_to(ROOT)) for nb in sorted((ROOT / 'nbs').rglob('*.ipynb'))
              if any('nbdev_export(' in c or 'nb_export(' in c for c in _code_cells(nb))]
     assert not calls, f'notebooks that export the package when run: {calls}'
+
+
+def test_every_data_path_in_a_stages_own_params_is_a_dep_or_an_out():
+    "A stage reads `data/...` files named in its own params section: each must be one of its deps or outs (or under one), so DVC runs the stage that makes it first."
+    import re, yaml
+    stages = yaml.safe_load((ROOT / 'dvc.yaml').read_text())['stages']; params = yaml.safe_load((ROOT / 'params.yaml').read_text())
+    def strings(v):
+        if isinstance(v, str): yield v
+        for x in (v.values() if isinstance(v, dict) else v if isinstance(v, list) else []): yield from strings(x)
+    def names(items): return [next(iter(d)) if isinstance(d, dict) else str(d) for d in items or []]
+    bad, checked = [], 0
+    for name, st in stages.items():
+        m = re.fullmatch(r'composer2 stage (\w+)', str(st.get('cmd', '')).strip())
+        if not m or m.group(1) not in params: continue
+        have = names(st.get('deps')) + names(st.get('outs'))
+        for s in strings(params[m.group(1)]):
+            if not s.startswith('data/'): continue
+            checked += 1
+            if not any(s == h or s.startswith(h.rstrip('/') + '/') for h in have): bad.append(f'{name}: {s}')
+    assert checked > 20 and not bad, bad
