@@ -176,14 +176,14 @@ class _MaskedCE(torch.autograd.Function):
     Both run in blocks of `_CE_ROWS` rows (each row's values are computed exactly as unblocked: rows are independent)."""
     @staticmethod
     def forward(ctx, z, y, m):
-        blk = type(z) is torch.Tensor and z.shape[0] > _CE_ROWS       # DTensor shards: one call
-        lse = torch.cat([torch.logsumexp(z[a:b], -1) for a, b in _blocks(z.shape[0])]) if blk else torch.logsumexp(z, -1)
+        ctx.blk = type(z) is torch.Tensor and z.shape[0] > _CE_ROWS       # DTensor shards: one call
+        lse = torch.cat([torch.logsumexp(z[a:b], -1) for a, b in _blocks(z.shape[0])]) if ctx.blk else torch.logsumexp(z, -1)
         ctx.save_for_backward(z, lse, y, m)
         return ((lse - z.gather(1, y[:, None])[:, 0]) * m).sum()
     @staticmethod
     def backward(ctx, g):
         z, lse, y, m = ctx.saved_tensors; gm = (g * m)[:, None]
-        if not (type(z) is torch.Tensor and z.shape[0] > _CE_ROWS):
+        if not ctx.blk:
             return torch.sub(z, lse[:, None]).exp_().mul_(gm).scatter_add_(1, y[:, None], -gm), None, None
         out = torch.empty_like(z)
         for a, b in _blocks(z.shape[0]):
