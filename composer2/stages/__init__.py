@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import git_commit, write_json
 
 # %% auto #0
-__all__ = ['REPORTS', 'metrics_path', 'live_dir', 'provenance_path', 'provenance', 'write_metrics']
+__all__ = ['REPORTS', 'metrics_path', 'live_dir', 'provenance_path', 'cpu_model', 'provenance', 'write_metrics']
 
 # %% ../../nbs/8_stages/00_stages.ipynb #c004
 REPORTS = Path('reports')
@@ -32,14 +32,22 @@ def _cpu_s() -> float:
     import resource
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
+def cpu_model() -> str:
+    "The CPU's model name (Linux `/proc/cpuinfo`; `platform.processor()` elsewhere)."
+    try: return next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '')
+    except OSError: return platform.processor()
+
 def provenance(started: float, **extra) -> dict:
     """What produced a run, kept apart from its outputs: commit, clock, machine and versions; the run's CPU seconds and the
-    1-minute load average at its end, so that a slow stage can be told from a busy machine."""
+    1-minute load average at its end, so that a slow stage can be told from a busy machine; the CPU model and the
+    vector ISA ATen dispatched to (`torch.backends.cpu.get_cpu_capability()`), so that a result that differs in the last
+    bits, or a slower run, can be traced to a different CPU."""
     import torch
     return {'git_commit': git_commit(), 'started_utc': _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec='seconds'),
             'wall_s': round(time.time() - started, 3), 'cpu_s': round(_cpu_s(), 1), 'loadavg_1m_end': round(os.getloadavg()[0], 2),
             'argv': sys.argv, 'python': platform.python_version(),
-            'torch': torch.__version__, 'platform': platform.platform(), 'cpus': os.cpu_count(), **extra}
+            'torch': torch.__version__, 'platform': platform.platform(), 'cpus': os.cpu_count(), 'cpu_model': cpu_model(),
+            'aten_cpu_capability': torch.backends.cpu.get_cpu_capability(), **extra}
 
 def write_metrics(name: str, metrics: dict, started: float, **extra) -> dict:
     "Write stage `name`'s metrics and, beside them, its provenance (rank 0 only under a launcher); returns `metrics` unchanged."
