@@ -21,13 +21,14 @@ from composer2.stages.export_hf import ExportHFConfig
 from composer2.tasks_v2 import TasksV2Config
 from composer2.stages.studies import StudiesConfig
 from composer2.stages.study_bench import StudyBenchConfig
+from composer2.stages.bench import BenchV2Config
 
 # Every params.yaml section and the dataclass its stage loads it with (long_context may carry cp_size).
 SECTIONS = {'data': DataConfig, 'tokenizer': TokenizerConfig, 'model': ModelConfig, 'base': PretrainConfig,
             'cpt': PretrainConfig, 'long_context': CPPretrainConfig, 'sft': SFTConfig, 'eval': EvalConfig,
             'mtp': MTPStageConfig, 'lowp': LowpStageConfig, 'tasks': TasksConfig, 'bench': BenchConfig,
             'agent_sft': AgentSFTConfig, 'rl': RLStageConfig, 'eval_rl': EvalRLConfig,
-            'export_hf': ExportHFConfig, 'tasks_v2': TasksV2Config, 'bench_v2': BenchConfig,
+            'export_hf': ExportHFConfig, 'tasks_v2': TasksV2Config, 'bench_v2': BenchV2Config,
             'studies': StudiesConfig, 'study_bench': StudyBenchConfig}
 
 def test_every_section_has_a_config():

@@ -5,6 +5,7 @@
 # %% ../../nbs/8_stages/09_bench.ipynb #c003
 from __future__ import annotations
 import json, os, sys, time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..bench import BenchConfig, load_frozen, run_bench
@@ -13,11 +14,11 @@ from ..env import SANDBOX_UID, overlay_available
 from . import write_metrics
 from ..tasks import (TaskError, check_contamination, default_exclusions, load_exclusions, sandbox_available,
                              set_stats)
-from ..tasks_v2 import TasksV2Config, set_stats_v2
+from ..tasks_v2 import set_stats_v2
 
 
 # %% auto #0
-__all__ = ['run', 'run_v2']
+__all__ = ['run', 'BenchV2Config', 'run_v2']
 
 # %% ../../nbs/8_stages/09_bench.ipynb #c004
 def _sandbox_info() -> dict:
@@ -73,15 +74,22 @@ def _v1_set(root) -> dict:
     s = json.loads(p.read_text()).get('set', {})
     return {k: s.get(k) for k in ('n_tasks', 'median_prompt_chars', 'median_gold_changed_lines', 'categories')}
 
+@dataclass
+class BenchV2Config(BenchConfig):
+    "The `bench_v2` section: `BenchConfig`, and where the frozen v2 set lies and the runs go (no other stage's keys)."
+    version: str = 'v2'
+    tasks_dir: str = 'data/tasks_v2'   # the tasks_v2 stage's out_dir, a dvc dep of bench_v2
+    out_dir: str = 'data/bench_v2'
+
 def run_v2(params: str = 'params.yaml') -> dict:
     "ReserveBench v2: the harness-validating agents on the frozen v2 set; figures in `reports/metrics/bench_v2.json`."
     t0 = time.time()
-    cfg = load_section(BenchConfig, 'bench_v2', params); tcfg = load_section(TasksV2Config, 'tasks_v2', params)
+    cfg = load_section(BenchV2Config, 'bench_v2', params)
     ok, why = sandbox_available()
     if not ok: raise ConfigError(f"bench_v2: grading must run in the sandbox, which is unavailable: {why}")
     root = Path.cwd()
-    tasks, man = load_frozen(root / tcfg.out_dir, cfg.name, cfg.version)
-    out_dir = root / 'data' / 'bench_v2'; out_dir.mkdir(parents=True, exist_ok=True)
+    tasks, man = load_frozen(root / cfg.tasks_dir, cfg.name, cfg.version)
+    out_dir = root / cfg.out_dir; out_dir.mkdir(parents=True, exist_ok=True)
     res, per_task = {}, {}
     for a in cfg.agents:
         ta = time.time()
