@@ -20,7 +20,7 @@ from .model import frozen_weights
 
 # %% auto #0
 __all__ = ['TOOLS_HEADER', 'APIError', 'parse_tools', 'tools_text', 'to_messages', 'ChatRequest', 'parse_request', 'Engine',
-           'make_app', 'load_served', 'main']
+           'make_app', 'load_served', 'listen', 'main']
 
 # %% ../nbs/6_harness/14_serve.ipynb #c004
 class APIError(Exception):
@@ -345,10 +345,23 @@ def load_served(ckpt, tokenizer=None, device=None):
     own = Path(ckpt) / 'tokenizer.json'
     return model.eval(), stage_tokenizer(own if own.exists() else 'data/tokenizer', meta, explicit=tokenizer)
 
+def listen(host: str, port: int):
+    "A listening socket on `host:port` (port 0: a free port the system picks; read it back with `getsockname()`)."
+    import socket
+    fam = socket.AF_INET6 if ':' in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try: s.bind((host, port)); s.listen(2048)
+    except OSError as e:
+        s.close(); raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror} (another server there? --port 0 picks a free port)") from None
+    s.set_inheritable(True)
+    return s
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog='composer2 serve', description='an OpenAI-compatible server for a checkpoint')
     ap.add_argument('ckpt'); ap.add_argument('--tokenizer', default=None); ap.add_argument('--host', default='127.0.0.1')
-    ap.add_argument('--port', type=int, default=8000); ap.add_argument('--name', default=None, help='model id (default: the checkpoint directory name)')
+    ap.add_argument('--port', type=int, default=8000, help='0: a free port, named in the first line printed')
+    ap.add_argument('--name', default=None, help='model id (default: the checkpoint directory name)')
     ap.add_argument('--max-batch', type=int, default=32); ap.add_argument('--device', default=None)
     ap.add_argument('--compile', action='store_true', help='decode steps as compiled graphs (composer2.decoding.compiled_step): '
                     'about 2x the tokens/s at a few rows on CPU; each new batch size compiles once (seconds) at first use')
@@ -357,6 +370,8 @@ def main(argv=None) -> int:
     model, tok = load_served(a.ckpt, a.tokenizer, a.device)
     p = Path(a.ckpt).resolve(); name = a.name or (p.parent.name if p.name == 'ckpt' else p.name)   # data/agent_sft/ckpt: agent_sft
     app = make_app(Engine(model, tok, a.max_batch, a.compile), name)
-    print(f"serving {name} on http://{a.host}:{a.port}/v1 (context {model.cfg.max_seq_len} tokens)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=a.host, port=a.port, log_level='warning')
+    try: sock = listen(a.host, a.port); port = sock.getsockname()[1]  # bound before it is named: no race for the port
+    except OSError as e: print(f"error: {e}", file=sys.stderr); return 2
+    print(f"serving {name} on http://{a.host}:{port}/v1 (context {model.cfg.max_seq_len} tokens)", file=sys.stderr, flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level='warning')).run(sockets=[sock])
     return 0

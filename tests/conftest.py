@@ -1,4 +1,4 @@
-import os, sys
+import os, subprocess, sys
 from pathlib import Path
 import pytest, torch
 
@@ -25,6 +25,31 @@ def ray_serial():
     from filelock import FileLock
     import tempfile
     with FileLock(os.path.join(tempfile.gettempdir(), 'composer2-tests-ray.lock')): yield
+
+def start_server(args, timeout=180):
+    """`composer2 serve *args --port 0` as a process -> (process, base url, output lines so far). The server binds its port
+    before it prints it, so the port read back cannot be taken by another test in between (a port probed here and handed
+    over could be). Output is drained by a thread, so a chatty server never blocks on a full pipe."""
+    import queue, re, subprocess, threading
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': ''}
+    p = subprocess.Popen([sys.executable, '-m', 'composer2.cli', 'serve', *map(str, args), '--port', '0'],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, q = [], queue.Queue()
+    def drain():
+        for line in p.stdout: lines.append(line); q.put(line)
+        q.put(None)
+    threading.Thread(target=drain, daemon=True).start()
+    while True:
+        try: line = q.get(timeout=timeout)
+        except queue.Empty: p.kill(); pytest.fail(f'serve printed no address in {timeout}s: ' + ''.join(lines))
+        if line is None: p.wait(10); pytest.fail(f'serve exited ({p.returncode}): ' + ''.join(lines))
+        m = re.search(r' on (http://[^/ ]+:\d+/v1) ', line)
+        if m: return p, m.group(1), lines
+
+def stop_server(p):
+    p.terminate()
+    try: p.wait(10)
+    except subprocess.TimeoutExpired: p.kill(); p.wait(10)
 
 def tiny_cfg(**kw):
     from composer2.model import ModelConfig

@@ -282,7 +282,7 @@ def test_rollout_prompts_are_the_templates_generation_prompt(chain):
 
 def test_serve_uses_the_carried_tokenizer(chain, tmp_path):
     "`composer2 serve sft/ckpt` (no --tokenizer) renders requests with the carried template; a different --tokenizer is refused."
-    import os, socket, subprocess, sys, time
+    import time
     openai = pytest.importorskip('openai')
     from composer2.config import ConfigError
     from composer2.serve import load_served
@@ -290,14 +290,12 @@ def test_serve_uses_the_carried_tokenizer(chain, tmp_path):
     other = Tokenizer.train(['def f(x):\n    return x\n'] * 20, vocab_size=300); other.save(tmp_path / 'tokenizer.json')
     with pytest.raises(ConfigError, match='differs from the one the checkpoint carries'): load_served(ck, tmp_path, 'cpu')
     assert isinstance(load_served(ck, ck, 'cpu')[1], PretrainedTokenizer)          # naming the carried one is fine
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
-    env = {**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1]), 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': ''}
-    p = subprocess.Popen([sys.executable, '-m', 'composer2.cli', 'serve', str(ck), '--port', str(port), '--device', 'cpu'],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    from conftest import start_server, stop_server
+    p, url, out = start_server([ck, '--device', 'cpu'])
     try:
-        c = openai.OpenAI(base_url=f'http://127.0.0.1:{port}/v1', api_key='EMPTY', max_retries=0, timeout=60)
+        c = openai.OpenAI(base_url=url, api_key='EMPTY', max_retries=0, timeout=60)
         for _ in range(600):
-            if p.poll() is not None: pytest.fail('serve exited: ' + p.stdout.read())
+            if p.poll() is not None: pytest.fail('serve exited: ' + ''.join(out))
             try: name = c.models.list().data[0].id; break
             except openai.APIConnectionError: time.sleep(0.1)
         msgs = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'def f(self): return self.x'}]
@@ -305,7 +303,7 @@ def test_serve_uses_the_carried_tokenizer(chain, tmp_path):
         want = ref.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
         assert r.usage.prompt_tokens == len(want) and r.usage.completion_tokens == 3
     finally:
-        p.terminate(); p.wait(10)
+        stop_server(p)
 
 # --- RL through the pretrained tokenizer's own chat template (composer2.chat_format, rl_rollout.TemplateCodec) ------------
 

@@ -1,11 +1,11 @@
 """End to end: `composer2 serve` on a tiny checkpoint, driven by the official `openai` client; `composer2 bench --agent openai`
 against it; re-grading its predictions file. The checkpoint is a tiny random model first fitted (a few seconds) to answer two
 fixed prompts with a tool call, so the tool-call path is exercised by what the model really generates."""
-import json, os, socket, subprocess, sys, threading, time
+import json, os, subprocess, sys, threading, time
 from pathlib import Path
 import pytest, torch
 
-from conftest import ROOT, TOY_ORIG, toy_task
+from conftest import ROOT, TOY_ORIG, start_server, stop_server, toy_task
 from composer2.chat import Message, ToolCall, END, render
 from composer2.serve import parse_tools, to_messages
 
@@ -62,25 +62,17 @@ def tiny_ckpt(tmp_path_factory):
     return d / 'tiny', d / 'tok'
 
 
-def _free_port():
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
-
-
 @pytest.fixture(scope='module')
 def server(tiny_ckpt):
     ckpt, tokdir = tiny_ckpt
-    port = _free_port()
-    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': ''}
-    p = subprocess.Popen([sys.executable, '-m', 'composer2.cli', 'serve', str(ckpt), '--tokenizer', str(tokdir), '--port', str(port)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f'http://127.0.0.1:{port}/v1'
+    p, url, out = start_server([ckpt, '--tokenizer', tokdir])
     client = openai.OpenAI(base_url=url, api_key='EMPTY', max_retries=0, timeout=60)
     for _ in range(300):
-        if p.poll() is not None: pytest.fail('serve exited: ' + p.stdout.read())
+        if p.poll() is not None: pytest.fail('serve exited: ' + ''.join(out))
         try: client.models.list(); break
         except openai.APIConnectionError: time.sleep(0.1)
     yield url, client
-    p.terminate(); p.wait(10)
+    stop_server(p)
 
 
 def _stats(url):
