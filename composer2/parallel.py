@@ -4,7 +4,7 @@
 
 # %% ../nbs/4_parallel/00_parallel.ipynb #c003
 from __future__ import annotations
-import copy, math, os, socket, tempfile
+import contextlib, copy, math, os, tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -18,7 +18,7 @@ from .model import MoE, MoEStats, balance_loss, combine, dispatch, expert_ffn, r
 
 # %% auto #0
 __all__ = ['group_size', 'group_rank', 'zigzag_positions', 'zigzag_shard', 'zigzag_unshard', 'lse_merge', 'ring_attention',
-           'free_port', 'spawn_local', 'moe_aux_hooks', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather',
+           'local_store', 'spawn_local', 'moe_aux_hooks', 'CPOutput', 'cp_forward', 'allreduce_grads', 'cp_gather',
            'all_to_all', 'GroupedExperts', 'EPMoE', 'shard_experts', 'ParallelDims', 'mesh_ranks', 'ParallelMesh',
            'init_parallel', 'reduce_grads', 'saved_bytes', 'check_ring_attention']
 
@@ -191,13 +191,16 @@ def ring_attention(q, k, v, group=None, causal: bool = True, scale: float | None
     return _RingAttention.apply(q, k, v, group, causal, scale if scale is not None else D ** -0.5, seq_len)
 
 # %% ../nbs/4_parallel/00_parallel.ipynb #c020
-def free_port() -> int:
-    "A TCP port on 127.0.0.1 that is free right now."
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+@contextlib.contextmanager
+def local_store(world: int):
+    """Yield the environment that joins `world` local ranks through a TCPStore this process hosts on a port of 127.0.0.1
+    the system picks: MASTER_ADDR/PORT and TORCHELASTIC_USE_AGENT_STORE=True (every rank a client, as under torchrun)."""
+    store = dist.TCPStore('127.0.0.1', 0, world, is_master=True, wait_for_workers=False)
+    try: yield {'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(store.port), 'TORCHELASTIC_USE_AGENT_STORE': 'True'}
+    finally: del store
 
-def _spawn_entry(rank, fn, world, port, outdir, args, backend, threads):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+def _spawn_entry(rank, fn, world, env, outdir, args, backend, threads):
+    os.environ.update(env)
     torch.set_num_threads(threads)
     dist.init_process_group(backend, rank=rank, world_size=world)
     try:
@@ -211,8 +214,8 @@ def spawn_local(fn: Callable, world: int, *args, backend: str = 'gloo', threads:
     "Run `fn(rank, world, *args)` on `world` local processes joined in one process group; returns each rank's result."
     import torch.multiprocessing as mp
     if world < 1: raise ValueError(f"spawn_local needs world >= 1, got {world}")
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_spawn_entry, args=(fn, world, free_port(), d, args, backend, threads), nprocs=world, join=True)
+    with tempfile.TemporaryDirectory() as d, local_store(world) as env:
+        mp.spawn(_spawn_entry, args=(fn, world, env, d, args, backend, threads), nprocs=world, join=True)
         return [torch.load(os.path.join(d, f'{r}.pt'), weights_only=False) for r in range(world)]
 
 # %% ../nbs/4_parallel/00_parallel.ipynb #c022

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .config import ConfigError, check, to_dict, write_resolved
-from .parallel import (ParallelDims, ParallelMesh, free_port, init_parallel, moe_aux_hooks, ring_attention,
+from .parallel import (ParallelDims, ParallelMesh, init_parallel, local_store, moe_aux_hooks, ring_attention,
                                 zigzag_positions, zigzag_shard)
 from .pretrain import PretrainConfig, build_model, pretrain_metrics, run_pretrain, stage_data
 from .tokenizer import Tokenizer, load_stream
@@ -97,8 +97,8 @@ def _cp_pretrain(name: str, cfg: CPPretrainConfig, model_cfg=None, live_dir=None
     return {**pretrain_metrics(tc, hist, model), 'cp_size': cp, 'dp_size': dims.dp, 'loss_curve': hist['loss']}
 
 # %% ../nbs/5_train/06_pretrain_cp.ipynb #c010
-def _cp_entry(rank, world, port, name, cfg, model_cfg, outdir, live_dir=None):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+def _cp_entry(rank, world, env, name, cfg, model_cfg, outdir, live_dir=None):
+    os.environ.update(env, RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     try:
         res = _cp_pretrain(name, cfg, model_cfg, live_dir)
@@ -114,5 +114,6 @@ def run_pretrain_cp(name: str, cfg: CPPretrainConfig, model_cfg=None, live_dir=N
     if _launched(): return _cp_pretrain(name, cfg, model_cfg, live_dir)
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_cp_entry, args=(cp, free_port(), name, cfg, model_cfg, d, live_dir), nprocs=cp, join=True)
+        with local_store(cp) as env:
+            mp.spawn(_cp_entry, args=(cp, env, name, cfg, model_cfg, d, live_dir), nprocs=cp, join=True)
         return torch.load(os.path.join(d, 'metrics.pt'), weights_only=False)
