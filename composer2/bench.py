@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse, json, os, re, statistics, subprocess, tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 from .config import check
@@ -17,7 +18,7 @@ from .agents import AGENTS, make_agent, run_agents
 
 # %% auto #0
 __all__ = ['pass_at_k', 'evaluate', 'summarize', 'load_frozen', 'BenchConfig', 'episode_name', 'transcript',
-           'transcript_markdown', 'apply_patch', 'grade_predictions', 'run_bench', 'main', 'show_main']
+           'transcript_markdown', 'apply_patch', 'grade_predictions', 'untimed', 'run_bench', 'main', 'show_main']
 
 # %% ../nbs/6_harness/11_bench.ipynb #c005
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -94,11 +95,15 @@ class BenchConfig:
     workers: int = 2
     quality: bool = True
     exclusions: str = 'data/corpus/exclusions.json'
+    tasks_dir: str = 'data/tasks'      # the frozen set (the tasks stage's out_dir)
+    out_dir: str = 'data/bench'        # the stage's runs; `composer2 bench` writes under <out_dir>/runs
+    section: ClassVar[str] = 'bench'   # the params.yaml section, named in errors
     def __post_init__(self):
-        check(self.samples >= 1, f"bench.samples: must be >= 1, got {self.samples}")
-        check(all(1 <= k <= self.samples for k in self.ks), f"bench.ks: each k must be in 1..samples ({self.samples}), got {self.ks}")
+        s = self.section
+        check(self.samples >= 1, f"{s}.samples: must be >= 1, got {self.samples}")
+        check(all(1 <= k <= self.samples for k in self.ks), f"{s}.ks: each k must be in 1..samples ({self.samples}), got {self.ks}")
         bad = [a for a in self.agents if a not in AGENTS]
-        check(not bad, f"bench.agents: unknown {bad}; agents: {', '.join(AGENTS)}")
+        check(not bad, f"{s}.agents: unknown {bad}; agents: {', '.join(AGENTS)}")
 
 # %% ../nbs/6_harness/11_bench.ipynb #c101
 def episode_name(task_id: str, sample: int) -> str: return re.sub(r'[^\w.-]', '_', task_id) + f'__{sample}'
@@ -147,13 +152,21 @@ def grade_predictions(preds: list[dict], tasks: list[Task], workers: int = 2) ->
     with ThreadPoolExecutor(max(1, workers)) as ex: return list(ex.map(one, preds))
 
 # %% ../nbs/6_harness/11_bench.ipynb #c103
+def untimed(d: dict) -> dict:
+    "A record without its clocks (`wall_time`, the grade's `duration`, also inside `summary` and `per_task`)."
+    d = {k: v for k, v in d.items() if k != 'wall_time'}
+    if isinstance(d.get('grade'), dict): d['grade'] = {k: v for k, v in d['grade'].items() if k != 'duration'}
+    if isinstance(d.get('summary'), dict): d['summary'] = untimed(d['summary'])
+    if isinstance(d.get('per_task'), dict): d['per_task'] = {k: untimed(v) for k, v in d['per_task'].items()}
+    return d
+
 def run_bench(tasks: list[Task], agent: str, out_dir, samples: int = 1, max_turns: int = 30, workers: int = 2, quality: bool = True,
               ks=(1,), agent_kw: dict | None = None) -> dict:
     "Episodes of `agent` over `tasks` with every transcript, SWE-bench predictions and a linked report in `out_dir`."
     out = Path(out_dir); (out / 'transcripts').mkdir(parents=True, exist_ok=True)
     preds = {}
     def keep(t, s, ep):
-        tr = transcript(ep, s)
+        tr = untimed(transcript(ep, s))
         (out / 'transcripts' / f"{tr['episode']}.json").write_text(json.dumps(tr, indent=1))
         (out / 'transcripts' / f"{tr['episode']}.md").write_text(transcript_markdown(tr))
         if s == 0: preds[t.id] = {'instance_id': t.id, 'model_name_or_path': ep.agent or agent, 'model_patch': ep.diff}
@@ -161,8 +174,8 @@ def run_bench(tasks: list[Task], agent: str, out_dir, samples: int = 1, max_turn
     s = summarize(eps, ks)
     for t in tasks: preds.setdefault(t.id, {'instance_id': t.id, 'model_name_or_path': agent, 'model_patch': ''})
     (out / 'predictions.jsonl').write_text(''.join(json.dumps(preds[t.id]) + '\n' for t in tasks))
-    (out / 'episodes.jsonl').write_text(''.join(json.dumps(e) + '\n' for e in eps))
-    (out / 'summary.json').write_text(json.dumps(s, indent=1))
+    (out / 'episodes.jsonl').write_text(''.join(json.dumps(untimed(e)) + '\n' for e in eps))
+    (out / 'summary.json').write_text(json.dumps(untimed(s), indent=1))
     rows = [f"| [{episode_name(e['task_id'], e['sample'])}](transcripts/{episode_name(e['task_id'], e['sample'])}.md) | {e.get('category', '')} | "
             f"{e['resolved']} | {e.get('tool_calls', 0)} | {e.get('changed_lines', 0)} | {(e.get('error') or '')[:80].replace('|', '/')} |" for e in eps]
     (out / 'report.md').write_text(f"# {agent} on {len(tasks)} tasks\n\nresolved {s['resolved']:.3f} · by category {s['by_category']}\n\n"
@@ -185,7 +198,7 @@ def main(argv=None) -> int:
     if a.tasks: tasks = load_tasks(a.tasks)
     else:
         from composer2.config import load_section
-        cfg = load_section(BenchConfig, 'bench', a.params); tasks = load_frozen(Path('data/tasks'), cfg.name, cfg.version)[0]
+        cfg = load_section(BenchConfig, 'bench', a.params); tasks = load_frozen(Path(cfg.tasks_dir), cfg.name, cfg.version)[0]
     tasks = tasks[:a.limit] if a.limit else tasks
     if a.grade:
         preds = [json.loads(l) for l in Path(a.grade).read_text().splitlines() if l.strip()]
@@ -197,7 +210,10 @@ def main(argv=None) -> int:
     kw = {'base_url': a.base_url, 'model': a.model, 'api_key_env': a.api_key_env, 'temperature': a.temperature, 'max_tokens': a.max_tokens} if a.agent == 'openai' else {}
     if a.agent == 'openai' and not (a.base_url and a.model): ap.error('--agent openai needs --base-url and --model')
     if a.api_key_env and not os.environ.get(a.api_key_env): ap.error(f'--api-key-env: the environment variable {a.api_key_env} is not set')
-    out = Path(a.out or 'data/bench/runs/' + re.sub(r'[^\w.-]', '_', a.agent + ('-' + a.model if a.model else '')))
+    if a.out: out = Path(a.out)
+    else:
+        from composer2.config import load_section
+        out = Path(load_section(BenchConfig, 'bench', a.params).out_dir) / 'runs' / re.sub(r'[^\w.-]', '_', a.agent + ('-' + a.model if a.model else ''))
     s = run_bench(tasks, a.agent, out, a.samples, a.max_turns, a.workers, not a.no_quality, agent_kw=kw)
     print(json.dumps({k: s[k] for k in ('n_tasks', 'resolved', 'by_category')} | {'out': str(out), 'report': str(out / 'report.md')}))
     return 0

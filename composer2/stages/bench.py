@@ -6,9 +6,10 @@
 from __future__ import annotations
 import json, os, sys, time
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
-from ..bench import BenchConfig, load_frozen, run_bench
+from ..bench import BenchConfig, load_frozen, run_bench, untimed
 from ..config import ConfigError, load_section, write_json, write_resolved
 from ..env import SANDBOX_UID, overlay_available
 from . import write_metrics
@@ -30,6 +31,11 @@ def _sandbox_info() -> dict:
     return {'backend': be, 'backend_why': why, 'bwrap': {'source': b['source'], 'version': '.'.join(map(str, b['version'])), 'why': b['why']},
             'uid': SANDBOX_UID, 'hides_original_sources': True}
 
+def _contamination(root, cfg, tasks) -> dict:
+    "`check_contamination` of the set against the exclusion list `cfg.exclusions` (the default list where the file is absent)."
+    p = root / cfg.exclusions
+    return check_contamination(tasks, load_exclusions(p) if p.exists() else default_exclusions())
+
 def run(params: str = 'params.yaml') -> dict:
     "Run the harness-validating agents (oracle, null, heuristic) on the frozen set; write per-task and overall figures."
     t0 = time.time()
@@ -37,11 +43,9 @@ def run(params: str = 'params.yaml') -> dict:
     ok, why = sandbox_available()
     if not ok: raise ConfigError(f"bench: grading must run in the sandbox, which is unavailable: {why}")
     root = Path.cwd()
-    tasks, man = load_frozen(root / 'data' / 'tasks', cfg.name, cfg.version)
-    exc_path = root / cfg.exclusions
-    exc = load_exclusions(exc_path) if exc_path.exists() else default_exclusions()
-    contam = check_contamination(tasks, exc)
-    out_dir = root / 'data' / 'bench'; out_dir.mkdir(parents=True, exist_ok=True)
+    tasks, man = load_frozen(root / cfg.tasks_dir, cfg.name, cfg.version)
+    contam = _contamination(root, cfg, tasks)
+    out_dir = root / cfg.out_dir; out_dir.mkdir(parents=True, exist_ok=True)
     res, per_task = {}, {}
     for a in cfg.agents:
         ta = time.time()
@@ -51,7 +55,7 @@ def run(params: str = 'params.yaml') -> dict:
         res[a] = s
         tmp = out_dir / f'{a}.jsonl.tmp'; tmp.write_text(''.join(json.dumps(e) + '\n' for e in eps)); os.replace(tmp, out_dir / f'{a}.jsonl')
         print(f"bench: {a}: resolved {s['resolved']:.3f} of {s['n_tasks']} tasks ({s['by_category']}) in {s['seconds']}s", file=sys.stderr)
-    write_json(out_dir / 'per_task.json', per_task)
+    write_json(out_dir / 'per_task.json', {a: untimed({'per_task': p})['per_task'] for a, p in per_task.items()})
     write_resolved(out_dir, bench=cfg)
     st = set_stats(tasks)
     metrics = {'name': cfg.name, 'version': cfg.version, 'sha256': man['sha256'], **res,
@@ -76,10 +80,11 @@ def _v1_set(root) -> dict:
 
 @dataclass
 class BenchV2Config(BenchConfig):
-    "The `bench_v2` section: `BenchConfig`, and where the frozen v2 set lies and the runs go (no other stage's keys)."
+    "The `bench_v2` section: `BenchConfig` with v2's set and run directories (no other stage's keys)."
     version: str = 'v2'
     tasks_dir: str = 'data/tasks_v2'   # the tasks_v2 stage's out_dir, a dvc dep of bench_v2
     out_dir: str = 'data/bench_v2'
+    section: ClassVar[str] = 'bench_v2'
 
 def run_v2(params: str = 'params.yaml') -> dict:
     "ReserveBench v2: the harness-validating agents on the frozen v2 set; figures in `reports/metrics/bench_v2.json`."
@@ -96,13 +101,13 @@ def run_v2(params: str = 'params.yaml') -> dict:
         s = run_bench(tasks, a, out_dir / a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality, cfg.ks)
         per_task[a] = s.pop('per_task'); s['seconds'] = round(time.time() - ta, 1); res[a] = s
         print(f"bench_v2: {a}: resolved {s['resolved']:.3f} of {s['n_tasks']} tasks ({s['by_category']}) in {s['seconds']}s", file=sys.stderr)
-    write_json(out_dir / 'per_task.json', per_task)
+    write_json(out_dir / 'per_task.json', {a: untimed({'per_task': p})['per_task'] for a, p in per_task.items()})
     write_resolved(out_dir, bench_v2=cfg)
     st = {k: v for k, v in set_stats_v2(tasks).items() if k not in ('prompt_chars', 'changed_lines')}
     metrics = {'name': cfg.name, 'version': cfg.version, 'sha256': man['sha256'], **res,
                'set': {**st, 'recipe_median_prompt_chars': 390, 'recipe_median_changed_lines': 181,
                        'changed_lines_ratio_to_recipe': round(st['median_gold_changed_lines'] / 181, 3)},
-               'v1_set': _v1_set(root), 'sources': man.get('sources', []), 'sandbox': _sandbox_info(), 'seconds': round(time.time() - t0, 1)}
+               'v1_set': _v1_set(root), 'contamination': _contamination(root, cfg, tasks), 'sources': man.get('sources', []), 'sandbox': _sandbox_info(), 'seconds': round(time.time() - t0, 1)}
     metrics['harness_ok'] = ('oracle' not in res or res['oracle']['resolved'] == 1.0) and ('null' not in res or res['null']['resolved'] == 0.0)
     write_metrics('bench_v2', metrics, t0)
     if not metrics['harness_ok']:
