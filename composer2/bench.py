@@ -195,10 +195,9 @@ def main(argv=None) -> int:
     ap.add_argument('--no-quality', action='store_true', help='skip the ruff quality check'); ap.add_argument('--out', default=None)
     a = ap.parse_args(argv)
     if (a.agent is None) == (a.grade is None): ap.error('give --agent NAME or --grade PREDICTIONS')
-    if a.tasks: tasks = load_tasks(a.tasks)
-    else:
-        from composer2.config import load_section
-        cfg = load_section(BenchConfig, 'bench', a.params); tasks = load_frozen(Path(cfg.tasks_dir), cfg.name, cfg.version)[0]
+    from composer2.config import load_section
+    cfg = None if a.tasks and (a.out or a.grade) else load_section(BenchConfig, 'bench', a.params)   # read once, where needed
+    tasks = load_tasks(a.tasks) if a.tasks else load_frozen(Path(cfg.tasks_dir), cfg.name, cfg.version)[0]
     tasks = tasks[:a.limit] if a.limit else tasks
     if a.grade:
         preds = [json.loads(l) for l in Path(a.grade).read_text().splitlines() if l.strip()]
@@ -210,10 +209,7 @@ def main(argv=None) -> int:
     kw = {'base_url': a.base_url, 'model': a.model, 'api_key_env': a.api_key_env, 'temperature': a.temperature, 'max_tokens': a.max_tokens} if a.agent == 'openai' else {}
     if a.agent == 'openai' and not (a.base_url and a.model): ap.error('--agent openai needs --base-url and --model')
     if a.api_key_env and not os.environ.get(a.api_key_env): ap.error(f'--api-key-env: the environment variable {a.api_key_env} is not set')
-    if a.out: out = Path(a.out)
-    else:
-        from composer2.config import load_section
-        out = Path(load_section(BenchConfig, 'bench', a.params).out_dir) / 'runs' / re.sub(r'[^\w.-]', '_', a.agent + ('-' + a.model if a.model else ''))
+    out = Path(a.out) if a.out else Path(cfg.out_dir) / 'runs' / re.sub(r'[^\w.-]', '_', a.agent + ('-' + a.model if a.model else ''))
     s = run_bench(tasks, a.agent, out, a.samples, a.max_turns, a.workers, not a.no_quality, agent_kw=kw)
     print(json.dumps({k: s[k] for k in ('n_tasks', 'resolved', 'by_category')} | {'out': str(out), 'report': str(out / 'report.md')}))
     return 0

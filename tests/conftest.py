@@ -27,10 +27,10 @@ def ray_serial():
     with FileLock(os.path.join(tempfile.gettempdir(), 'composer2-tests-ray.lock')): yield
 
 def start_server(args, timeout=180):
-    """`composer2 serve *args --port 0` as a process -> (process, base url, output lines so far). The server binds its port
+    """`composer2 serve *args --port 0` as a process, once it answers `/v1/models` -> (process, base url, output lines so far). The server binds its port
     before it prints it, so the port read back cannot be taken by another test in between (a port probed here and handed
     over could be). Output is drained by a thread, so a chatty server never blocks on a full pipe."""
-    import queue, re, subprocess, threading
+    import queue, re, subprocess, threading, time, httpx
     env = {**os.environ, 'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': ''}
     p = subprocess.Popen([sys.executable, '-m', 'composer2.cli', 'serve', *map(str, args), '--port', '0'],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -44,7 +44,15 @@ def start_server(args, timeout=180):
         except queue.Empty: p.kill(); pytest.fail(f'serve printed no address in {timeout}s: ' + ''.join(lines))
         if line is None: p.wait(10); pytest.fail(f'serve exited ({p.returncode}): ' + ''.join(lines))
         m = re.search(r' on (http://[^/ ]+:\d+/v1) ', line)
-        if m: return p, m.group(1), lines
+        if m: break
+    url, t_end = m.group(1), time.monotonic() + timeout
+    while True:            # ready: /v1/models answers (the one wait every server test needs)
+        if p.poll() is not None: pytest.fail(f'serve exited ({p.returncode}): ' + ''.join(lines))
+        try:
+            if httpx.get(url + '/models', timeout=10).status_code == 200: return p, url, lines
+        except httpx.TransportError: pass
+        if time.monotonic() > t_end: p.kill(); pytest.fail(f'serve did not answer /v1/models in {timeout}s: ' + ''.join(lines))
+        time.sleep(0.1)
 
 def stop_server(p):
     p.terminate()

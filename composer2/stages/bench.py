@@ -4,7 +4,7 @@
 
 # %% ../../nbs/8_stages/09_bench.ipynb #c003
 from __future__ import annotations
-import json, os, sys, time
+import json, os, shutil, sys, time
 from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
@@ -31,44 +31,46 @@ def _sandbox_info() -> dict:
     return {'backend': be, 'backend_why': why, 'bwrap': {'source': b['source'], 'version': '.'.join(map(str, b['version'])), 'why': b['why']},
             'uid': SANDBOX_UID, 'hides_original_sources': True}
 
-def _contamination(root, cfg, tasks) -> dict:
-    "`check_contamination` of the set against the exclusion list `cfg.exclusions` (the default list where the file is absent)."
-    p = root / cfg.exclusions
-    return check_contamination(tasks, load_exclusions(p) if p.exists() else default_exclusions())
+def _frozen(cfg):
+    "The frozen set `cfg` names (tasks, manifest), once the sandbox its grading needs is known to work."
+    ok, why = sandbox_available()
+    if not ok: raise ConfigError(f"{cfg.section}: grading must run in the sandbox, which is unavailable: {why}")
+    return load_frozen(Path.cwd() / cfg.tasks_dir, cfg.name, cfg.version)
+
+def _run_agents(cfg, tasks, man, st: dict, extra: dict, t0: float, copy_episodes: bool = False) -> dict:
+    """Each agent of `cfg` over `tasks` (transcripts, predictions, per-task figures under `cfg.out_dir`); metrics: the
+    agents' figures, the set's `st`, `extra`, the sandbox. The oracle must resolve every task and the null agent none."""
+    out_dir = Path.cwd() / cfg.out_dir; out_dir.mkdir(parents=True, exist_ok=True)
+    res, per_task = {}, {}
+    for a in cfg.agents:
+        ta = time.time()
+        s = run_bench(tasks, a, out_dir / a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality, cfg.ks)
+        per_task[a] = {k: untimed(v) for k, v in s.pop('per_task').items()}; s['seconds'] = round(time.time() - ta, 1); res[a] = s
+        if copy_episodes:   # data/bench/<agent>.jsonl: the episodes beside the agent's folder
+            tmp = out_dir / f'{a}.jsonl.tmp'; shutil.copyfile(out_dir / a / 'episodes.jsonl', tmp); os.replace(tmp, out_dir / f'{a}.jsonl')
+        print(f"{cfg.section}: {a}: resolved {s['resolved']:.3f} of {s['n_tasks']} tasks ({s['by_category']}) in {s['seconds']}s", file=sys.stderr)
+    write_json(out_dir / 'per_task.json', per_task)
+    write_resolved(out_dir, **{cfg.section: cfg})
+    metrics = {'name': cfg.name, 'version': cfg.version, 'sha256': man['sha256'], **res,
+               'set': {**st, 'recipe_median_prompt_chars': 390, 'recipe_median_changed_lines': 181,
+                       'changed_lines_ratio_to_recipe': round(st['median_gold_changed_lines'] / 181, 3)},
+               **extra, 'sandbox': _sandbox_info(), 'seconds': round(time.time() - t0, 1)}
+    metrics['harness_ok'] = ('oracle' not in res or res['oracle']['resolved'] == 1.0) and ('null' not in res or res['null']['resolved'] == 0.0)
+    write_metrics(cfg.section, metrics, t0)
+    if not metrics['harness_ok']:
+        raise TaskError(f"{cfg.section}: harness check failed: oracle resolved {res.get('oracle', {}).get('resolved')}, null "
+                        f"{res.get('null', {}).get('resolved')} (must be 1 and 0); see {out_dir / 'per_task.json'}")
+    return metrics
 
 def run(params: str = 'params.yaml') -> dict:
     "Run the harness-validating agents (oracle, null, heuristic) on the frozen set; write per-task and overall figures."
     t0 = time.time()
     cfg = load_section(BenchConfig, 'bench', params)
-    ok, why = sandbox_available()
-    if not ok: raise ConfigError(f"bench: grading must run in the sandbox, which is unavailable: {why}")
-    root = Path.cwd()
-    tasks, man = load_frozen(root / cfg.tasks_dir, cfg.name, cfg.version)
-    contam = _contamination(root, cfg, tasks)
-    out_dir = root / cfg.out_dir; out_dir.mkdir(parents=True, exist_ok=True)
-    res, per_task = {}, {}
-    for a in cfg.agents:
-        ta = time.time()
-        s = run_bench(tasks, a, out_dir / a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality, cfg.ks)  # + transcripts, predictions
-        eps = [json.loads(l) for l in (out_dir / a / 'episodes.jsonl').read_text().splitlines()]
-        per_task[a] = s.pop('per_task'); s['seconds'] = round(time.time() - ta, 1)
-        res[a] = s
-        tmp = out_dir / f'{a}.jsonl.tmp'; tmp.write_text(''.join(json.dumps(e) + '\n' for e in eps)); os.replace(tmp, out_dir / f'{a}.jsonl')
-        print(f"bench: {a}: resolved {s['resolved']:.3f} of {s['n_tasks']} tasks ({s['by_category']}) in {s['seconds']}s", file=sys.stderr)
-    write_json(out_dir / 'per_task.json', {a: untimed({'per_task': p})['per_task'] for a, p in per_task.items()})
-    write_resolved(out_dir, bench=cfg)
-    st = set_stats(tasks)
-    metrics = {'name': cfg.name, 'version': cfg.version, 'sha256': man['sha256'], **res,
-               'set': {**st, 'recipe_median_prompt_chars': 390, 'recipe_median_changed_lines': 181,
-                       'changed_lines_ratio_to_recipe': round(st['median_gold_changed_lines'] / 181, 3)},
-               'contamination': contam, 'sandbox': _sandbox_info(), 'seconds': round(time.time() - t0, 1)}
-    harness_ok = ('oracle' not in res or res['oracle']['resolved'] == 1.0) and ('null' not in res or res['null']['resolved'] == 0.0)
-    metrics['harness_ok'] = harness_ok
-    write_metrics('bench', metrics, t0)
-    if not harness_ok:
-        raise TaskError(f"harness check failed: oracle resolved {res.get('oracle', {}).get('resolved')}, null {res.get('null', {}).get('resolved')} "
-                        f"(must be 1 and 0); see {out_dir / 'per_task.json'}")
-    return metrics
+    tasks, man = _frozen(cfg)
+    p = Path.cwd() / cfg.exclusions        # the default list where the file is absent
+    contam = check_contamination(tasks, load_exclusions(p) if p.exists() else default_exclusions())
+    return _run_agents(cfg, tasks, man, set_stats(tasks), {'contamination': contam}, t0, copy_episodes=True)
+
 
 # %% ../../nbs/8_stages/09_bench.ipynb #c102
 def _v1_set(root) -> dict:
@@ -91,27 +93,7 @@ def run_v2(params: str = 'params.yaml') -> dict:
     "ReserveBench v2: the harness-validating agents on the frozen v2 set; figures in `reports/metrics/bench_v2.json`."
     t0 = time.time()
     cfg = load_section(BenchV2Config, 'bench_v2', params)
-    ok, why = sandbox_available()
-    if not ok: raise ConfigError(f"bench_v2: grading must run in the sandbox, which is unavailable: {why}")
-    root = Path.cwd()
-    tasks, man = load_frozen(root / cfg.tasks_dir, cfg.name, cfg.version)
-    out_dir = root / cfg.out_dir; out_dir.mkdir(parents=True, exist_ok=True)
-    res, per_task = {}, {}
-    for a in cfg.agents:
-        ta = time.time()
-        s = run_bench(tasks, a, out_dir / a, cfg.samples, cfg.max_turns, cfg.workers, cfg.quality, cfg.ks)
-        per_task[a] = s.pop('per_task'); s['seconds'] = round(time.time() - ta, 1); res[a] = s
-        print(f"bench_v2: {a}: resolved {s['resolved']:.3f} of {s['n_tasks']} tasks ({s['by_category']}) in {s['seconds']}s", file=sys.stderr)
-    write_json(out_dir / 'per_task.json', {a: untimed({'per_task': p})['per_task'] for a, p in per_task.items()})
-    write_resolved(out_dir, bench_v2=cfg)
+    tasks, man = _frozen(cfg)
     st = {k: v for k, v in set_stats_v2(tasks).items() if k not in ('prompt_chars', 'changed_lines')}
-    metrics = {'name': cfg.name, 'version': cfg.version, 'sha256': man['sha256'], **res,
-               'set': {**st, 'recipe_median_prompt_chars': 390, 'recipe_median_changed_lines': 181,
-                       'changed_lines_ratio_to_recipe': round(st['median_gold_changed_lines'] / 181, 3)},
-               'v1_set': _v1_set(root), 'sources': man.get('sources', []), 'sandbox': _sandbox_info(), 'seconds': round(time.time() - t0, 1)}
-    metrics['harness_ok'] = ('oracle' not in res or res['oracle']['resolved'] == 1.0) and ('null' not in res or res['null']['resolved'] == 0.0)
-    write_metrics('bench_v2', metrics, t0)
-    if not metrics['harness_ok']:
-        raise TaskError(f"v2 harness check failed: oracle resolved {res.get('oracle', {}).get('resolved')}, null {res.get('null', {}).get('resolved')} "
-                        f"(must be 1 and 0); see {out_dir / 'per_task.json'}")
-    return metrics
+    return _run_agents(cfg, tasks, man, st, {'v1_set': _v1_set(Path.cwd()), 'sources': man.get('sources', [])}, t0)
+
