@@ -10,7 +10,8 @@
    limits in one exec; it replaced `setpriv -> unshare -> prlimit`, three execs). The gap between "our argv direct"
    and bare bwrap is bubblewrap doing our mounts and namespaces; the gap between `Sandbox.run` and "our argv direct"
    is Python (argv building, output capture threads, the pidfd wait). Then a new Sandbox (lower layer cached /
-   copied) plus its first command;
+   copied) plus its first command; and (1b) our argv less one part at a time (a namespace, /dev, the tmpfs mounts,
+   the read-only remount, the exec helper), all interleaved, for what each part adds;
 2. snapshot, restore and fork latency against repository size (files of 2 KiB), per backend, vs the same
    baseline and vs a naive `cp -a` of the repository (what a copy-based snapshot costs);
 3. throughput of N concurrent environments: each environment runs a short sequence of commands
@@ -52,6 +53,41 @@ def make_repo(root: Path, n_files: int) -> Path:
 def ms(s): return f"{s * 1e3:8.2f} ms"
 
 
+def without(argv: list[str], flag: str, nargs: int) -> list[str]:
+    "`argv` less every `flag` and its `nargs` values, with the `--perms` / `--size` modifiers bwrap applies to it."
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            while len(out) >= 2 and out[-2] in ('--perms', '--size'): del out[-2:]
+            i += 1 + nargs; continue
+        out.append(argv[i]); i += 1
+    return out
+
+
+def argv_parts(argv: list[str], rounds: int) -> dict:
+    """1b. What each part of our bwrap argv costs: the argv run directly, and again without one part, all interleaved
+    round by round (`rounds` rounds; best and median of each). Differences under ~0.3 ms are within this machine's noise."""
+    i = argv.index('--')                     # the helper's argv: exec_inner uid userns cpu mem nproc fsize nofile -- sh -c cmd
+    j = max(k for k, x in enumerate(argv[:i]) if x.startswith('/'))     # the helper path inside the sandbox
+    parts = {'pid namespace': without(argv, '--unshare-pid', 0), 'net namespace': without(argv, '--unshare-net', 0),
+             'ipc namespace': without(argv, '--unshare-ipc', 0), 'uts namespace': without(without(argv, '--unshare-uts', 0), '--hostname', 1),
+             '--proc /proc': without(argv, '--proc', 1), '--dev /dev': without(argv, '--dev', 1),
+             'tmpfs (/tmp, /dev/shm, masks)': without(argv, '--tmpfs', 1), '--remount-ro /': without(argv, '--remount-ro', 1),
+             'exec helper (uid, limits)': argv[:j] + argv[i + 1:]}
+    runs = {'full': argv, **{k: a for k, a in parts.items() if subprocess.run(a, capture_output=True).returncode == 0}}
+    ts = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, a in runs.items():
+            t = time.perf_counter(); subprocess.run(a); ts[k].append(time.perf_counter() - t)
+    best, med = {k: min(v) for k, v in ts.items()}, {k: statistics.median(v) for k, v in ts.items()}
+    print(f"\n1b. our bwrap argv direct: best {best['full'] * 1e3:.2f} ms, median {med['full'] * 1e3:.2f} ms ({rounds} interleaved rounds); "
+          f"what one part adds (with it - without it), best / median:")
+    for k in parts:
+        if k not in runs: print(f"    {k:30} (the chain does not run without it)"); continue
+        print(f"    {k:30} {(best['full'] - best[k]) * 1e3:+6.2f} / {(med['full'] - med[k]) * 1e3:+6.2f} ms")
+    return {'best_s': best, 'median_s': med, 'rounds': rounds}
+
+
 def main():
     ap = argparse.ArgumentParser(); ap.add_argument('--quick', action='store_true'); ap.add_argument('--json')
     a = ap.parse_args()
@@ -84,6 +120,7 @@ def main():
                                  ('plain', lambda: subprocess.run(['true']))):
                     tb[name], tm[name] = timeit2(fn, reps * 2)
                 t_true = tm['sb']
+                if be == backends[0]: out['argv_parts'] = argv_parts(argv, 40 if a.quick else 100)
                 t_py = timeit(lambda: sb.run('python -c pass'), reps)
             def new_sandbox():
                 with Sandbox(repo, backend=be) as s: s.run('true')
