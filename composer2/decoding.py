@@ -12,7 +12,7 @@ import torch
 from .model import frozen_weights
 
 # %% auto #0
-__all__ = ['cache_dtype', 'KVCache', 'Generation', 'sample_next', 'generate', 'StaticView', 'compiled_step']
+__all__ = ['cache_dtype', 'KVCache', 'Generation', 'sample_from', 'sample_next', 'generate', 'StaticView', 'compiled_step']
 
 # %% ../nbs/3_model/02_decoding.ipynb #c012
 def cache_dtype(p: torch.Tensor) -> torch.dtype:
@@ -106,6 +106,20 @@ class Generation:
     logprobs: list[list[float]]    # log p(token) under softmax(logits / T) (T=1 for greedy)
     routes: Optional[list[torch.Tensor]] = None   # per row: [n_moe_layers, prompt_len + n_new, k] uint8 routes of every token
 
+def sample_from(probs, generator=None):
+    """One token per row of `probs` [B, V] (>= 0, unnormalised), by inverse transform sampling: one uniform per row
+    against the row's cumulative sum in float64; a token of probability 0 is never picked. A row without a positive
+    finite mass (NaN or inf logits, every token masked) is an error that names it."""
+    c = probs.double().cumsum(-1)
+    total = c[:, -1]
+    bad = ~(torch.isfinite(total) & (total > 0))
+    if bool(bad.any()):
+        raise ValueError(f"sample_from: rows {bad.nonzero()[:, 0].tolist()[:8]} have no positive finite probability mass (NaN/inf logits?)")
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device) * total[:, None]
+    tok = torch.searchsorted(c, u, right=True)[:, 0]
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)     # each row's last token of mass > 0
+    return torch.minimum(tok, last)                                                # (u * total rounding up to total)
+
 def sample_next(logits, temperature=1.0, top_p=1.0, generator=None):
     "Pick a token from logits [B, V]; returns (tokens [B], logprobs [B]) with logprobs of softmax(logits / T)."
     logits = logits.float()
@@ -119,7 +133,7 @@ def sample_next(logits, temperature=1.0, top_p=1.0, generator=None):
         keep = sp.cumsum(-1) - sp < top_p
         sp = sp * keep
         probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-    tok = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=generator)[:, 0]
+    tok = sample_from(probs, generator)
     return tok, lp.gather(-1, tok[:, None])[:, 0]
 
 def generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.0, top_p=1.0, eos_id=None,

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from .model import Transformer, frozen_weights
-from .decoding import KVCache, generate, sample_next
+from .decoding import KVCache, generate, sample_from, sample_next
 from .mtp import MTPHeads
 
 # %% auto #0
@@ -55,7 +55,7 @@ def verify_sampling(p, q, drafts, generator=None):
     res = (pj - qpad.gather(1, n[:, None, None].expand(B, 1, V))[:, 0]).clamp_min(0)
     s = res.sum(-1, keepdim=True)
     res = torch.where(s > 0, res / s.clamp_min(1e-30), pj)             # p == q: rejection has probability 0; use p
-    return n, torch.multinomial(res, 1, generator=generator)[:, 0]
+    return n, sample_from(res, generator)
 
 # %% ../nbs/5_train/05_speculative.ipynb #c013
 @dataclass
@@ -77,7 +77,7 @@ def _pick(logits, temperature, top_p, generator):
     "A draft token and the distribution it was drawn from (None for greedy)."
     if temperature <= 0: return logits.argmax(-1), None
     q = warp(logits, temperature, top_p)
-    return torch.multinomial(q, 1, generator=generator)[:, 0], q
+    return sample_from(q, generator), q
 
 def _draft(model, mtp, mc, seq, hid, c, N, K, cap, temperature, top_p, generator):
     """Chain the first K MTP modules over indices c..N-1 of every live row (padded to the longest row), writing each
