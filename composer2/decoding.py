@@ -136,6 +136,8 @@ def sample_next(logits, temperature=1.0, top_p=1.0, generator=None):
     tok = sample_from(probs, generator)
     return tok, lp.gather(-1, tok[:, None])[:, 0]
 
+
+# %% ../nbs/3_model/02_decoding.ipynb #c026g
 def generate(model, prompts: list[list[int]], max_new_tokens=32, temperature=0.0, top_p=1.0, eos_id=None,
              generator=None, return_routes=False, cache_dtype=None, stop_ids=(), compile=False) -> Generation:
     """Batched KV-cached decoding of `prompts` (lists of token ids, any lengths). Tokens stay on the device during the
