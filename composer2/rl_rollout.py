@@ -16,7 +16,7 @@ from .chat_format import chat_format
 from .config import check, from_dict
 from .episodes import AgentEnv, Policy, SYSTEM_SHORT, run_episodes
 from .model import Transformer, ModelConfig, frozen_weights
-from .decoding import KVCache, sample_next
+from .decoding import KVCache, sample_next, top_p_filter
 
 # %% auto #0
 __all__ = ['NO_ROUTE', 'SUMMARY_REQUEST', 'SUMMARY_TEXT', 'TINY_TEMPLATE', 'Segment', 'Trajectory', 'EpisodeEnv', 'ToyEnv',
@@ -302,10 +302,8 @@ def sample_coupled(logits, temperature: float, top_p: float, gens: list[torch.Ge
     if temperature <= 0: return sample_next(logits, temperature, top_p)
     lp = (logits / temperature).log_softmax(-1)
     pick = lp
-    if top_p < 1.0:
-        sp, si = lp.exp().sort(-1, descending=True)
-        keep = torch.zeros_like(sp, dtype=torch.bool).scatter_(-1, si, sp.cumsum(-1) - sp < top_p)
-        pick = lp.masked_fill(~keep, float('-inf'))
+    if not 0 < top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if top_p < 1.0: pick = lp.masked_fill(top_p_filter(lp.exp(), top_p) == 0, float('-inf'))   # the nucleus of sample_next
     u = torch.stack([torch.rand(lp.shape[-1], generator=g) for g in gens])
     tok = (pick - torch.log(-torch.log(u))).argmax(-1)        # u = 0 gives -inf: never picked
     return tok, lp.gather(-1, tok[:, None])[:, 0]
