@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from .model import Transformer, frozen_weights
-from .decoding import KVCache, generate, sample_from, sample_next
+from .decoding import KVCache, generate, sample_from, sample_next, top_p_filter
 from .mtp import MTPHeads
 
 # %% auto #0
@@ -21,10 +21,8 @@ __all__ = ['warp', 'verify_greedy', 'verify_sampling', 'SpecGeneration', 'specul
 def warp(logits, temperature: float = 1.0, top_p: float = 1.0):
     "Probabilities [.., V] that `sample_next(logits, temperature, top_p)` samples from (temperature > 0)."
     probs = (logits.float() / temperature).softmax(-1)
-    if top_p < 1.0:
-        sp, si = probs.sort(-1, descending=True)
-        keep = sp.cumsum(-1) - sp < top_p
-        probs = torch.zeros_like(probs).scatter_(-1, si, sp * keep)
+    if top_p < 1.0:                         # the nucleus `sample_next` keeps, renormalised
+        probs = top_p_filter(probs.reshape(-1, probs.shape[-1]), top_p).view(probs.shape)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
