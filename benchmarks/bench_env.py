@@ -7,17 +7,22 @@
    namespace: the floor the goal is stated against), and vs the very argv `Sandbox.run` builds run directly with
    `subprocess.run` (bwrap with our pid/net/ipc/uts namespaces, ~15 mounts, /proc, /dev, two tmpfs, and the
    `programs/sandbox_exec.c` helper that drops to the sandbox uid, makes the per-sandbox user namespace and sets the
-   limits in one exec; it replaced `setpriv -> unshare -> prlimit`, three execs). The gap between "our argv direct"
-   and bare bwrap is bubblewrap doing our mounts and namespaces; the gap between `Sandbox.run` and "our argv direct"
-   is Python (argv building, output capture threads, the pidfd wait). Then a new Sandbox (lower layer cached /
-   copied) plus its first command; and (1b) our argv less one part at a time (a namespace, /dev, the tmpfs mounts,
-   the read-only remount, the exec helper), all interleaved, for what each part adds;
+   limits in one exec; it replaced `setpriv -> unshare -> prlimit`, three execs). `Sandbox.run` sends each command
+   to the sandbox's one long-lived bwrap (its PID 1, the helper's `--serve` mode: a fork, a fresh mount namespace
+   with its own /tmp and /dev/shm, the same uid, user namespace and limits, then `sh -c`); "per-command" is
+   `Sandbox.run` through a bwrap of its own for every command (the path taken where the long-lived one is
+   unavailable, and the only one before it). The gap between "our argv direct" and bare bwrap is bubblewrap doing
+   our mounts and namespaces; the gap between the per-command path and "our argv direct" is Python (argv building,
+   output capture threads, the pidfd wait). Then a new Sandbox (lower layer cached / copied) plus its first command
+   (which starts its bwrap); and (1b) our argv less one part at a time (a namespace, /dev, the tmpfs mounts, the
+   read-only remount, the exec helper), all interleaved, for what each part adds;
 2. snapshot, restore and fork latency against repository size (files of 2 KiB), per backend, vs the same
    baseline and vs a naive `cp -a` of the repository (what a copy-based snapshot costs);
 3. throughput of N concurrent environments: each environment runs a short sequence of commands
    (`python -c pass`, `true`, a small write); commands per second through `SandboxPool` vs the same commands as
    plain subprocesses on the same number of threads, and vs bare `bwrap --ro-bind / /` around each command.
 Goals: a sandboxed command within 2x of bare bwrap; 16 concurrent environments all succeed.
+`COMPOSER2_SANDBOX_SERVE=0` runs the whole benchmark on the per-command path.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +56,14 @@ def make_repo(root: Path, n_files: int) -> Path:
 
 
 def ms(s): return f"{s * 1e3:8.2f} ms"
+
+
+def per_command(sb: Sandbox, cmd: str):
+    "`sb.run(cmd)` through a bwrap of its own (the long-lived one left idle)."
+    served = _support.get('serve')
+    _support['serve'] = False
+    try: return sb.run(cmd)
+    finally: _support['serve'] = served
 
 
 def without(argv: list[str], flag: str, nargs: int) -> list[str]:
@@ -116,7 +129,7 @@ def main():
                 # the same bwrap argv (namespaces, mounts, limits helper) run directly: bwrap's own cost for our isolation
                 argv = _chain(sb.uid, sb.limits, sb.workspace, INNER_ROOT, _base_env(), 'true', _support.get('userns', False), sb.hide)
                 for name, fn in (('sb', lambda: sb.run('true')), ('bare', lambda: subprocess.run([BWRAP, '--ro-bind', '/', '/', 'true'])),
-                                 ('argv', lambda: subprocess.run(argv)),
+                                 ('argv', lambda: subprocess.run(argv)), ('percmd', lambda: per_command(sb, 'true')),
                                  ('plain', lambda: subprocess.run(['true']))):
                     tb[name], tm[name] = timeit2(fn, reps * 2)
                 t_true = tm['sb']
@@ -130,9 +143,12 @@ def main():
             t_new_cold = timeit(new_sandbox, reps)
             res[be] = {**res.get(be, {}), 'run_true_s': t_true, 'run_python_s': t_py, 'new_sandbox_cached_lower_s': t_new_warm, 'new_sandbox_cold_s': t_new_cold}
             print(f"[{be:7}] sb.run('true')                   {ms(t_true)}  x{t_true / base:6.1f} vs subprocess")
-            print(f"[{be:7}] best/median ms: sb.run('true') {tb['sb'] * 1e3:.2f}/{tm['sb'] * 1e3:.2f}, bare bwrap "
+            print(f"[{be:7}] best/median ms: sb.run('true') {tb['sb'] * 1e3:.2f}/{tm['sb'] * 1e3:.2f} "
+                  f"({'long-lived bwrap' if _support.get('serve') else 'per-command bwrap: ' + _support.get('serve_why', '')}), "
+                  f"per-command {tb['percmd'] * 1e3:.2f}/{tm['percmd'] * 1e3:.2f}, bare bwrap "
                   f"{tb['bare'] * 1e3:.2f}/{tm['bare'] * 1e3:.2f}, our bwrap argv direct {tb['argv'] * 1e3:.2f}/{tm['argv'] * 1e3:.2f}, subprocess.run(['true']) {tb['plain'] * 1e3:.2f}/{tm['plain'] * 1e3:.2f}")
             print(f"RATIO [{be}] sb.run('true') / bare bwrap = {tb['sb'] / tb['bare']:.2f}x best, {tm['sb'] / tm['bare']:.2f}x median (goal <= 2x); "
+                  f"per-command / bare bwrap = {tb['percmd'] / tb['bare']:.2f}x best, {tm['percmd'] / tm['bare']:.2f}x median; "
                   f"/ our argv direct = {tb['sb'] / tb['argv']:.2f}x best; / subprocess = {tb['sb'] / tb['plain']:.1f}x best, {tm['sb'] / tm['plain']:.1f}x median")
             res[be]['best_median_ms'] = {k: (tb[k] * 1e3, tm[k] * 1e3) for k in tb}
             print(f"[{be:7}] sb.run('python -c pass')         {ms(t_py)}  x{t_py / base_py:6.2f} vs plain python")

@@ -14,7 +14,8 @@ from .config import ConfigError, check
 from .env_base import (INNER_ROOT, DIFF_EXCLUDE, SANDBOX_UID, SandboxError, SandboxDied, WorkspacePathError, Limits,
                                 RunResult, truncate_middle, confine, tree_hash, tree_diff, diff_stats, base_dir,
                                 overlay_available, visible_roots, sandbox_support, bwrap_available, program_text,
-                                _Capture, _base_env, _chain, _is_mount, _is_root, _mount_overlay, _support, _umount, _walk)
+                                _Capture, _Server, _ServerGone, _base_env, _chain, _is_mount, _is_root, _mount_overlay, _support,
+                                _umount, _walk)
 
 # %% auto #0
 __all__ = ['LOWER_CACHE', 'Snapshot', 'cleanup_stale', 'Sandbox', 'Failure', 'PoolResult', 'PoolJob', 'SandboxPool']
@@ -146,9 +147,13 @@ def cleanup_stale() -> list[str]:
 # %% ../nbs/6_harness/03_env.ipynb #c010
 class _State:
     "What must be undone when a sandbox goes away (kept apart from the Sandbox so a finalizer can run it)."
-    def __init__(self): self.root = None; self.merged = None; self.lower = None; self.proc = None
+    def __init__(self): self.root = None; self.merged = None; self.lower = None; self.proc = None; self.server = None
     def cleanup(self, os=os, signal=signal, subprocess=subprocess, _is_mount=_is_mount, _umount=_umount, _rm=_rmtree):
         p = self.proc
+        if self.server is not None:   # its PID 1 exits on the close and bwrap after it (killed below if it has not)
+            p = self.server.proc; self.server.sock.close(); self.server = None
+            try: p.wait(2)
+            except subprocess.TimeoutExpired: pass
         if p is not None and p.poll() is None:
             try: os.killpg(p.pid, signal.SIGKILL)
             except OSError: pass
@@ -179,6 +184,34 @@ def _wait_exit(p: subprocess.Popen, timeout: float) -> bool:
     if not ready: return True
     p.wait(); return False
 
+class _Spawned:
+    "One command as its own bwrap (the per-command chain, where the long-lived sandbox is unavailable)."
+    def __init__(self, argv: list[str]):
+        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  start_new_session=True, close_fds=True)
+        self.stdout, self.stderr = self.p.stdout, self.p.stderr
+    def kill(self):
+        try: os.killpg(self.p.pid, signal.SIGKILL)
+        except OSError: pass
+    def wait(self, timeout: float | None) -> int | None:
+        "The exit code, None at the timeout; negative: bwrap itself was killed by that signal."
+        return None if _wait_exit(self.p, timeout) else self.p.returncode
+
+class _Served:
+    "One command through the sandbox's long-lived bwrap (`env_base._Server`)."
+    def __init__(self, srv: _Server, *args):
+        self.srv, self.killed = srv, False
+        o, e = srv.start(*args)
+        self.stdout, self.stderr = os.fdopen(o, 'rb'), os.fdopen(e, 'rb')
+    def kill(self): self.killed = True; self.srv.kill()
+    def wait(self, timeout: float | None) -> int | None:
+        "As `_Spawned.wait`: our own kill reads as bwrap killed by SIGKILL. `_ServerGone` if the sandbox process went away."
+        code = self.srv.wait(30 if timeout is None else timeout)
+        if code is None and timeout is None: raise _ServerGone('the sandbox process did not answer 30 s after a kill')
+        return -signal.SIGKILL if self.killed and code == 128 + signal.SIGKILL else code
+
+
+# %% ../nbs/6_harness/03_env.ipynb #c011b
 class _SandboxCommands:
     "`Sandbox.run` and `Sandbox.kill` (a part of `Sandbox`)."
     def run(self, cmd: str, timeout: float | None = None, cwd: str = '.', env: dict | None = None) -> RunResult:
@@ -192,28 +225,27 @@ class _SandboxCommands:
             host_cwd = confine(self.workspace, cwd)
             if not host_cwd.is_dir(): raise WorkspacePathError(f"working directory {cwd!r} is not a directory in the workspace")
             inner_cwd = INNER_ROOT + ('/' + os.path.relpath(host_cwd, self.workspace) if host_cwd != self.workspace else '')
-            e = {**_base_env(), **self.extra_env, **(env or {})}
-            argv = _chain(self.uid, lim, self.workspace, inner_cwd, e, cmd, _support.get('userns', False), self.hide)
-            t0 = time.monotonic(); flood = []
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True, close_fds=True)
-            self._st.proc = p
-            def kill():
-                try: os.killpg(p.pid, signal.SIGKILL)
-                except OSError: pass
-            def on_flood(): flood.append(1); kill()
-            co = _Capture(p.stdout, lim.output_bytes, lim.kill_output_bytes, on_flood)
-            ce = _Capture(p.stderr, lim.output_bytes, lim.kill_output_bytes, on_flood)
+            e, userns = {**_base_env(), **self.extra_env, **(env or {})}, _support.get('userns', False)
+            t0 = time.monotonic(); flood = []; gone = None
+            try:
+                if _support.get('serve'): h = _Served(self._server(), self.uid, userns, inner_cwd, e, cmd)
+                else: h = _Spawned(_chain(self.uid, lim, self.workspace, inner_cwd, e, cmd, userns, self.hide)); self._st.proc = h.p
+            except _ServerGone as x: self._lost_server(x, cmd)
+            def on_flood(): flood.append(1); h.kill()
+            co = _Capture(h.stdout, lim.output_bytes, lim.kill_output_bytes, on_flood)
+            ce = _Capture(h.stderr, lim.output_bytes, lim.kill_output_bytes, on_flood)
             timed_out = False
-            if _wait_exit(p, wall): timed_out = True; kill(); p.wait()
+            try:
+                rc = h.wait(wall)
+                if rc is None: timed_out = True; h.kill(); rc = h.wait(None)
+            except _ServerGone as x: gone, rc = x, None
             for c in (co, ce): c.thread.join(10)
-            if any(c.thread.is_alive() for c in (co, ce)):  # something still holds the pipes: should be impossible
-                kill(); p.stdout.close(); p.stderr.close()
-            p.stdout.close(); p.stderr.close()
-            self._st.proc = None
+            if any(c.thread.is_alive() for c in (co, ce)): h.kill()  # something still holds the pipes: should be impossible
+            h.stdout.close(); h.stderr.close()
+            if isinstance(h, _Spawned): self._st.proc = self._st.server.proc if self._st.server else None
+            if gone is not None: self._lost_server(gone, cmd)
             dur = time.monotonic() - t0
             out, t1 = co.result(); err, t2 = ce.result()
-            rc = p.returncode
             if rc < 0 and not timed_out and not flood:
                 self._died = 'killed from outside' if self._killed else f"bwrap was killed by signal {-rc} from outside"
                 raise SandboxDied(f"sandbox died while running {cmd[:80]!r}: {self._died}")
@@ -224,6 +256,26 @@ class _SandboxCommands:
             elif rc > 128 and rc - 128 in _SIGNALS: reason = f"killed by {_SIGNALS[rc - 128]}"
             return RunResult(rc, out, err, timed_out, dur, t1 or t2, reason)
 
+    def _server(self) -> _Server:
+        "This sandbox's long-lived bwrap, started at its first command (and after a restore)."
+        st = self._st
+        if st.server is None: st.server = _Server(self.limits, self.workspace, self.hide); st.proc = st.server.proc
+        return st.server
+    def _stop_server(self) -> str:
+        st, err = self._st, ''
+        if st.server is not None: err = st.server.stop(); st.server = st.proc = None
+        return err
+    def _lost_server(self, why: Exception, cmd: str):
+        "The long-lived bwrap went away under a command: the sandbox is dead (`SandboxDied`; a restore revives it)."
+        p = self._st.server.proc
+        try: rc = p.wait(2)
+        except subprocess.TimeoutExpired: rc = None
+        err = self._stop_server()
+        if self._killed: self._died = 'killed from outside'
+        elif rc is not None and rc < 0: self._died = f"bwrap was killed by signal {-rc} from outside"
+        else: self._died = f"{why}" + (f": {err}" if err else '')
+        raise SandboxDied(f"sandbox died while running {cmd[:80]!r}: {self._died}")
+
     def kill(self):
         "Kill the running command and mark the sandbox dead (what a crashed worker looks like); safe from any thread."
         self._killed = True; self._died = self._died or 'killed'
@@ -231,6 +283,7 @@ class _SandboxCommands:
         if p is not None and p.poll() is None:
             try: os.killpg(p.pid, signal.SIGKILL)
             except OSError: pass
+
 
 # %% ../nbs/6_harness/03_env.ipynb #c012
 class _SandboxFiles:
@@ -320,6 +373,7 @@ class _SandboxSnapshots:
         with self._lock:
             if self.closed: raise SandboxError('sandbox is closed')
             st = self._st
+            self._stop_server()   # its bind of the workspace would keep the old mount
             if self.backend == 'overlay':
                 self._unmount()
                 if snap.lower is not st.lower:

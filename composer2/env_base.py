@@ -4,7 +4,7 @@
 
 # %% ../nbs/6_harness/02_env_base.ipynb #c003
 from __future__ import annotations
-import ctypes, difflib, fnmatch, functools, hashlib, os, re, shutil, stat, subprocess, sys, tempfile, threading
+import ctypes, difflib, fnmatch, functools, hashlib, os, re, select, shutil, signal, socket, stat, struct, subprocess, sys, tempfile, threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -379,25 +379,35 @@ def _sandbox_exec() -> str | None:
         _support['exec'] = path
     return _support['exec']
 
-def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool, hide=()) -> list[str]:
-    "The full argv: bwrap (namespaces, mounts) -> sandbox_exec (uid, user ns, limits: one exec) -> sh -c."
-    root, helper = _is_root(), _sandbox_exec()
+def _bwrap_args(lim: Limits, workspace: Path | None, hide=(), caps=()) -> list[str]:
+    "bwrap's namespaces and mounts, shared by the per-command chain and the long-lived sandbox (`caps`: kept, as root or in bwrap's user namespace)."
     a = [bwrap_path() or 'bwrap', '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
-         '--die-with-parent', '--new-session', '--hostname', 'sandbox']
-    if root: a += ['--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID']
-    else: a += ['--unshare-user', '--uid', str(os.getuid()), '--gid', str(os.getgid())]
+         '--hostname', 'sandbox']
+    if not _is_root(): a += ['--unshare-user', '--uid', str(os.getuid()), '--gid', str(os.getgid())]
+    for c in caps: a += ['--cap-add', c]
     a += _system_binds() + _mask_args(hide)
     a += ['--proc', '/proc', '--dev', '/dev', '--perms', '1777', '--size', str(lim.tmp_mb << 20), '--tmpfs', '/tmp',
           '--perms', '1777', '--size', str(min(lim.tmp_mb, 64) << 20), '--tmpfs', '/dev/shm']
     if workspace is not None: a += ['--bind', str(workspace), INNER_ROOT]
     else: a += ['--dir', INNER_ROOT]
-    if helper: a += ['--ro-bind', helper, _EXEC_INNER]
-    a += ['--chdir', cwd, '--remount-ro', '/', '--clearenv']
+    if helper := _sandbox_exec(): a += ['--ro-bind', helper, _EXEC_INNER]
+    return a
+
+def _limit_fields(uid: int, lim: Limits, userns: bool) -> list[str]:
+    "The helper's UID USERNS CPU_S AS_BYTES NPROC FSIZE_BYTES NOFILE (uid -1: keep bwrap's; the user namespace only as root)."
+    root = _is_root()
+    return [str(uid if root else -1), '1' if root and userns else '0', str(max(1, int(round(lim.cpu_s)))), str(lim.mem_mb << 20),
+            str(lim.nproc), str(lim.fsize_mb << 20), str(lim.nofile)]
+
+def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool, hide=()) -> list[str]:
+    "The full argv of one command: bwrap (namespaces, mounts) -> sandbox_exec (uid, user ns, limits: one exec) -> sh -c."
+    root, helper = _is_root(), _sandbox_exec()
+    a = _bwrap_args(lim, workspace, hide, ('CAP_SETUID', 'CAP_SETGID') if root else ())
+    a += ['--die-with-parent', '--new-session', '--chdir', cwd, '--remount-ro', '/', '--clearenv']
     for k, v in env.items(): a += ['--setenv', k, v]
     cpu = max(1, int(round(lim.cpu_s)))
     if helper:   # one small static exec instead of setpriv -> unshare -> prlimit
-        return a + [_EXEC_INNER, str(uid if root else -1), '1' if root and userns else '0', str(cpu), str(lim.mem_mb << 20),
-                    str(lim.nproc), str(lim.fsize_mb << 20), str(lim.nofile), '--', '/bin/sh', '-c', cmd]
+        return a + [_EXEC_INNER, *_limit_fields(uid, lim, userns), '--', '/bin/sh', '-c', cmd]
     if root:
         a += ['setpriv', f'--reuid={uid}', f'--regid={uid}', '--clear-groups', '--no-new-privs', '--inh-caps=-all', '--']
         if userns: a += ['unshare', '--user', f'--map-user={uid}', f'--map-group={uid}', '--']
@@ -442,12 +452,109 @@ def sandbox_support() -> tuple[bool, str]:
                 if _trial()[0]: ok, why = True, ''; break
             else:
                 if not ok: _support['bwrap'] = first
+            if ok: _support['serve'], _support['serve_why'] = _serve_trial()
         _support['ok'], _support['why'] = ok, why
     return _support['ok'], _support['why']
 
 def bwrap_available() -> bool:
     "Whether commands can be sandboxed here; `sandbox_support()[1]` says why not."
     return sandbox_support()[0]
+
+# %% ../nbs/6_harness/02_env_base.ipynb #c125
+_SERVE_CAPS_ROOT = ('CAP_SETUID', 'CAP_SETGID', 'CAP_SYS_ADMIN', 'CAP_KILL')
+
+class _ServerGone(SandboxError): pass
+
+class _Server:
+    "One long-lived bubblewrap whose PID 1 (`sandbox_exec --serve`) runs each command sent to it (one at a time)."
+    def __init__(self, lim: Limits, workspace: Path | None, hide=()):
+        if not _sandbox_exec(): raise SandboxError('a long-lived sandbox needs programs/sandbox_exec.c compiled (no C compiler here)')
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        caps = _SERVE_CAPS_ROOT if _is_root() else ('CAP_SYS_ADMIN',)
+        argv = _bwrap_args(lim, workspace, hide, caps) + ['--as-pid-1', '--remount-ro', '/', '--clearenv',
+                                                          _EXEC_INNER, '--serve', str(theirs.fileno())]
+        try: self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                          pass_fds=[theirs.fileno()], start_new_session=True)
+        except BaseException: ours.close(); raise
+        finally: theirs.close()
+        self.sock, self.lim, self._send_lock = ours, lim, threading.Lock()
+        try: ready = self._read(1, 30)
+        except _ServerGone: ready = b''
+        if ready != b'R':
+            err = self.stop()
+            raise SandboxError(f"bubblewrap could not start the sandbox: {err or 'no answer in 30 s'}")
+
+    def _read(self, n: int, timeout: float | None) -> bytes | None:
+        "`n` bytes from PID 1, None at the timeout; `_ServerGone` if it closed the socket."
+        if not select.select([self.sock], [], [], timeout)[0]: return None
+        try: b = self.sock.recv(n, socket.MSG_WAITALL)
+        except OSError: b = b''   # ECONNRESET: it died with our request unread
+        if len(b) < n: raise _ServerGone('the sandbox process is gone')
+        return b
+
+    def start(self, uid: int, userns: bool, cwd: str, env: dict, cmd: str) -> tuple[int, int]:
+        "Send one command; the read ends of its stdout and stderr pipes. `_ServerGone` if the sandbox process is gone."
+        lim = self.lim
+        f = [*_limit_fields(uid, lim, userns), str(lim.tmp_mb << 20), str(min(lim.tmp_mb, 64) << 20), cwd, str(len(env)),
+             *(f'{k}={v}' for k, v in env.items()), '/bin/sh', '-c', cmd]
+        if any('\0' in x for x in f): raise ValueError('a NUL byte in the command, its environment or its working directory')
+        body = '\0'.join(f).encode() + b'\0'
+        msg = b'C' + struct.pack('=I', len(body)) + body
+        out_r, out_w = os.pipe(); err_r, err_w = os.pipe()
+        try:
+            with self._send_lock:
+                n = socket.send_fds(self.sock, [msg], [out_w, err_w])
+                if n < len(msg): self.sock.sendall(msg[n:])
+        except OSError as e:
+            os.close(out_r); os.close(err_r)
+            raise _ServerGone(f"the sandbox process is gone ({e})") from None
+        finally: os.close(out_w); os.close(err_w)
+        return out_r, err_r
+
+    def kill(self):
+        "Kill the running command and all it started (ignored when nothing runs)."
+        with self._send_lock:
+            try: self.sock.send(b'K')
+            except OSError: pass
+
+    def wait(self, timeout: float | None) -> int | None:
+        "The command's exit code (128 + the signal that ended it), None at the timeout; `_ServerGone` if it went away."
+        b = self._read(5, timeout)
+        if b is None: return None
+        if b[:1] != b'E': raise _ServerGone(f"the sandbox process sent {b!r}")
+        return struct.unpack('=i', b[1:])[0]
+
+    def stop(self) -> str:
+        "Close the socket: PID 1 kills what runs and exits, and bwrap reaps it (killed after 2 s); bwrap's stderr."
+        self.sock.close()
+        try: self.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            try: os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError: pass
+            self.proc.wait()
+        err = self.proc.stderr.read().decode(errors='replace').strip(); self.proc.stderr.close()
+        return err[:500]
+
+
+# %% ../nbs/6_harness/02_env_base.ipynb #c126
+def _serve_trial() -> tuple[bool, str]:
+    "(usable, why not): `echo ok` through a long-lived sandbox."
+    if os.environ.get('COMPOSER2_SANDBOX_SERVE', '1') == '0': return False, 'COMPOSER2_SANDBOX_SERVE=0'
+    if not _sandbox_exec(): return False, 'no C compiler for programs/sandbox_exec.c'
+    try: s = _Server(Limits(), None)
+    except (OSError, SandboxError) as e: return False, str(e)
+    fds = ()
+    try:
+        fds = s.start(SANDBOX_UID, _support.get('userns', False), INNER_ROOT, _base_env(), 'echo ok')
+        code = s.wait(30)
+        out, err = (os.read(fd, 4096) for fd in fds)   # a few bytes: the pipes hold them
+    except (OSError, SandboxError) as e: return False, str(e)
+    finally:
+        for fd in fds: os.close(fd)
+        s.stop()
+    if code == 0 and out == b'ok\n': return True, ''
+    return False, f"long-lived sandbox trial failed (exit {code}): {err.decode(errors='replace').strip()[:300]}"
+
 
 # %% ../nbs/6_harness/02_env_base.ipynb #c024
 PROGRAMS = 'programs'

