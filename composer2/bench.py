@@ -13,12 +13,12 @@ from pathlib import Path
 from .config import check
 from .io import sha256_file
 from .tasks import Task, TaskError, grade_run, load_tasks, run_state, sandbox_available, tree_files, write_tree
-from .episodes import Episode
+from .episodes import Episode, untimed
 from .agents import AGENTS, make_agent, run_agents
 
 # %% auto #0
 __all__ = ['pass_at_k', 'evaluate', 'summarize', 'load_frozen', 'BenchConfig', 'episode_name', 'transcript',
-           'transcript_markdown', 'apply_patch', 'grade_predictions', 'untimed', 'run_bench', 'main', 'show_main']
+           'transcript_markdown', 'apply_patch', 'grade_predictions', 'run_bench', 'main', 'show_main']
 
 # %% ../nbs/6_harness/11_bench.ipynb #c005
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -152,14 +152,6 @@ def grade_predictions(preds: list[dict], tasks: list[Task], workers: int = 2) ->
     with ThreadPoolExecutor(max(1, workers)) as ex: return list(ex.map(one, preds))
 
 # %% ../nbs/6_harness/11_bench.ipynb #c103
-def untimed(d: dict) -> dict:
-    "A record without its clocks (`wall_time`, the grade's `duration`, also inside `summary` and `per_task`)."
-    d = {k: v for k, v in d.items() if k != 'wall_time'}
-    if isinstance(d.get('grade'), dict): d['grade'] = {k: v for k, v in d['grade'].items() if k != 'duration'}
-    if isinstance(d.get('summary'), dict): d['summary'] = untimed(d['summary'])
-    if isinstance(d.get('per_task'), dict): d['per_task'] = {k: untimed(v) for k, v in d['per_task'].items()}
-    return d
-
 def run_bench(tasks: list[Task], agent: str, out_dir, samples: int = 1, max_turns: int = 30, workers: int = 2, quality: bool = True,
               ks=(1,), agent_kw: dict | None = None) -> dict:
     "Episodes of `agent` over `tasks` with every transcript, SWE-bench predictions and a linked report in `out_dir`."

@@ -16,8 +16,8 @@ from .tasks import Task, TaskEnv, changed_lines, grade_env, task_env, tree_files
 from .tools import Toolbox, defuse
 
 # %% auto #0
-__all__ = ['SYSTEM_SHORT', 'initial_messages', 'TaskView', 'approx_tokens', 'Episode', 'AgentEnv', 'Policy', 'run_episodes',
-           'ScriptedPolicy', 'GeneratePolicy']
+__all__ = ['SYSTEM_SHORT', 'initial_messages', 'TaskView', 'approx_tokens', 'Episode', 'untimed', 'AgentEnv', 'Policy',
+           'run_episodes', 'ScriptedPolicy', 'GeneratePolicy']
 
 # %% ../nbs/6_harness/09_episodes.ipynb #c006
 SYSTEM_SHORT = ("You are a coding agent in a small Python repository. Act only through tool calls, one per turn: "
@@ -76,6 +76,15 @@ class Episode:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _BULKY}
         d['grade'], d['reward_parts'], d['reward'] = dict(self.grade), dict(self.reward_parts), self.reward
         return d
+
+def untimed(d: dict) -> dict:
+    "A record without its clocks (`wall_time`, the grade's `duration`, also inside `summary` and `per_task`)."
+    d = {k: v for k, v in d.items() if k != 'wall_time'}
+    if isinstance(d.get('grade'), dict): d['grade'] = {k: v for k, v in d['grade'].items() if k != 'duration'}
+    if isinstance(d.get('summary'), dict): d['summary'] = untimed(d['summary'])
+    if isinstance(d.get('per_task'), dict): d['per_task'] = {k: untimed(v) for k, v in d['per_task'].items()}
+    return d
+
 
 # %% ../nbs/6_harness/09_episodes.ipynb #c012
 class AgentEnv:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..episodes import untimed
 from ..config import load_section, write_resolved
 from ..curriculum import AgentSFTConfig, encode_transcripts, expert_transcripts, rollout, success_stats
 from ..curriculum_gen import make_tasks
@@ -46,9 +47,9 @@ def evaluate_heldout(model, tok, held: list, cfg: AgentSFTConfig, live_path=None
     return metrics, [('sampled', e) for e in eps] + [('greedy', e) for e in greedy]
 
 def write_episodes(path, episodes: list) -> None:
-    "One JSON line per (mode, episode): the episode's summary and its raw assistant texts."
+    "One JSON line per (mode, episode): the episode's summary without its clocks (`episodes.untimed`: the output's hash stays put) and its raw assistant texts."
     with open(path, 'w') as f:
-        for mode, e in episodes: f.write(json.dumps({'mode': mode, **e.summary(), 'texts': e.texts}) + '\n')
+        for mode, e in episodes: f.write(json.dumps({'mode': mode, **untimed(e.summary()), 'texts': e.texts}) + '\n')
 
 # %% ../../nbs/8_stages/10_agent_sft.ipynb #c008
 def run(params: str = 'params.yaml') -> dict:

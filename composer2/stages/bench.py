@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
 
-from ..bench import BenchConfig, load_frozen, run_bench, untimed
+from ..bench import BenchConfig, load_frozen, run_bench
+from ..episodes import untimed
 from ..config import ConfigError, load_section, write_json, write_resolved
 from ..env import SANDBOX_UID, overlay_available
 from . import write_metrics
