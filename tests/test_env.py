@@ -506,13 +506,13 @@ def test_a_failing_newest_bwrap_falls_back_to_another(tmp_path):
 
 # ---------------------------------------------------------------- the long-lived bwrap per sandbox
 
-SERVES = [True, False] if OK and sandbox_support() and __import__('composer2.env_base', fromlist=['_support'])._support.get('serve') else [False]
+from composer2.env_base import _support   # filled by sandbox_support() above
+SERVES = [True, False] if OK and _support.get('serve') else [False]   # the long-lived path, where its trial passed
 
 
 @pytest.fixture(params=SERVES, ids=lambda s: 'served' if s else 'per-command')
 def mode(request, monkeypatch):
-    from composer2 import env_base
-    monkeypatch.setitem(env_base._support, 'serve', request.param)
+    monkeypatch.setitem(_support, 'serve', request.param)
     return request.param
 
 
