@@ -228,7 +228,7 @@ class _SandboxCommands:
             e, userns = {**_base_env(), **self.extra_env, **(env or {})}, _support.get('userns', False)
             t0 = time.monotonic(); flood = []; gone = None
             try:
-                if _support.get('serve'): h = _Served(self._server(), self.uid, userns, inner_cwd, e, cmd)
+                if _support.get('serve'): h = _Served(self._server(), self.uid, userns, inner_cwd, e, cmd, lim)
                 else: h = _Spawned(_chain(self.uid, lim, self.workspace, inner_cwd, e, cmd, userns, self.hide)); self._st.proc = h.p
             except _ServerGone as x: self._lost_server(x, cmd)
             def on_flood(): flood.append(1); h.kill()

@@ -319,7 +319,7 @@ def _mask_args(hide) -> list[str]:
     empty, stub = _mask_sources(); a = []
     for p in sorted({os.path.realpath(os.fspath(x)) for x in hide}):
         if not os.path.exists(p) or not any(p.startswith(r + '/') for r in roots): continue
-        if os.path.isdir(p): a += ['--perms', '0555', '--tmpfs', p]
+        if os.path.isdir(p): a += ['--perms', '0555', '--tmpfs', p, '--remount-ro', p]   # read-only: not even its owner writes
         else: a += ['--ro-bind', stub if p.endswith('.py') else empty, p]
     return a
 
@@ -393,10 +393,12 @@ def _bwrap_args(lim: Limits, workspace: Path | None, hide=(), caps=()) -> list[s
     if helper := _sandbox_exec(): a += ['--ro-bind', helper, _EXEC_INNER]
     return a
 
+def _cpu_s(lim: Limits) -> int: return max(1, int(round(lim.cpu_s)))   # RLIMIT_CPU counts whole seconds
+
 def _limit_fields(uid: int, lim: Limits, userns: bool) -> list[str]:
     "The helper's UID USERNS CPU_S AS_BYTES NPROC FSIZE_BYTES NOFILE (uid -1: keep bwrap's; the user namespace only as root)."
     root = _is_root()
-    return [str(uid if root else -1), '1' if root and userns else '0', str(max(1, int(round(lim.cpu_s)))), str(lim.mem_mb << 20),
+    return [str(uid if root else -1), '1' if root and userns else '0', str(_cpu_s(lim)), str(lim.mem_mb << 20),
             str(lim.nproc), str(lim.fsize_mb << 20), str(lim.nofile)]
 
 def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, cmd: str, userns: bool, hide=()) -> list[str]:
@@ -405,7 +407,7 @@ def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, c
     a = _bwrap_args(lim, workspace, hide, ('CAP_SETUID', 'CAP_SETGID') if root else ())
     a += ['--die-with-parent', '--new-session', '--chdir', cwd, '--remount-ro', '/', '--clearenv']
     for k, v in env.items(): a += ['--setenv', k, v]
-    cpu = max(1, int(round(lim.cpu_s)))
+    cpu = _cpu_s(lim)
     if helper:   # one small static exec instead of setpriv -> unshare -> prlimit
         return a + [_EXEC_INNER, *_limit_fields(uid, lim, userns), '--', '/bin/sh', '-c', cmd]
     if root:
@@ -477,7 +479,7 @@ class _Server:
                                           pass_fds=[theirs.fileno()], start_new_session=True)
         except BaseException: ours.close(); raise
         finally: theirs.close()
-        self.sock, self.lim, self._send_lock = ours, lim, threading.Lock()
+        self.sock, self._send_lock = ours, threading.Lock()
         try: ready = self._read(1, 30)
         except _ServerGone: ready = b''
         if ready != b'R':
@@ -492,9 +494,8 @@ class _Server:
         if len(b) < n: raise _ServerGone('the sandbox process is gone')
         return b
 
-    def start(self, uid: int, userns: bool, cwd: str, env: dict, cmd: str) -> tuple[int, int]:
-        "Send one command; the read ends of its stdout and stderr pipes. `_ServerGone` if the sandbox process is gone."
-        lim = self.lim
+    def start(self, uid: int, userns: bool, cwd: str, env: dict, cmd: str, lim: Limits) -> tuple[int, int]:
+        "Send one command under `lim` (each command's own); the read ends of its stdout and stderr pipes. `_ServerGone` if the sandbox process is gone."
         f = [*_limit_fields(uid, lim, userns), str(lim.tmp_mb << 20), str(min(lim.tmp_mb, 64) << 20), cwd, str(len(env)),
              *(f'{k}={v}' for k, v in env.items()), '/bin/sh', '-c', cmd]
         if any('\0' in x for x in f): raise ValueError('a NUL byte in the command, its environment or its working directory')
@@ -545,7 +546,7 @@ def _serve_trial() -> tuple[bool, str]:
     except (OSError, SandboxError) as e: return False, str(e)
     fds = ()
     try:
-        fds = s.start(SANDBOX_UID, _support.get('userns', False), INNER_ROOT, _base_env(), 'echo ok')
+        fds = s.start(SANDBOX_UID, _support.get('userns', False), INNER_ROOT, _base_env(), 'echo ok', Limits())
         code = s.wait(30)
         out, err = (os.read(fd, 4096) for fd in fds)   # a few bytes: the pipes hold them
     except (OSError, SandboxError) as e: return False, str(e)
