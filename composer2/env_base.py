@@ -316,12 +316,12 @@ def _mask_args(hide) -> list[str]:
     "bwrap arguments covering each hidden host path the sandbox would see: folders by empty ones, `.py` files by a stub raising ImportError, other files by an empty file."
     if not hide: return []
     roots = visible_roots()
-    empty, stub = _mask_sources(); a = []
+    empty, stub = _mask_sources(); a, ro = [], []
     for p in sorted({os.path.realpath(os.fspath(x)) for x in hide}):
         if not os.path.exists(p) or not any(p.startswith(r + '/') for r in roots): continue
-        if os.path.isdir(p): a += ['--perms', '0555', '--tmpfs', p, '--remount-ro', p]   # read-only: not even its owner writes
+        if os.path.isdir(p): a += ['--perms', '0555', '--tmpfs', p]; ro += ['--remount-ro', p]
         else: a += ['--ro-bind', stub if p.endswith('.py') else empty, p]
-    return a
+    return a + ro   # read-only (not even its owner writes) once the masks inside a masked folder are made
 
 # %% ../nbs/6_harness/02_env_base.ipynb #c121
 def _bwrap_version(path: str) -> tuple:
