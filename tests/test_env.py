@@ -600,7 +600,8 @@ def test_each_command_takes_the_current_limits_and_cannot_write_hidden_folders(r
     d, e = Path(os.__file__).parent / 'json', Path(os.__file__).parent / 'email'
     # a hidden file and a hidden folder inside hidden folders: made before those turn read-only
     with Sandbox(repo, Limits(nofile=64), uid=UID, hide=[d, d / 'decoder.py', e, e / 'mime']) as s:
-        assert s.run(f'ls -A {e} {e}/mime').stdout == f'{e}:\nmime\n\n{e}/mime:\n', s.run(f'ls -A {e} {e}/mime')
+        r = s.run(f'ls -A {e} {e}/mime')
+        assert r.stdout == f'{e}:\nmime\n\n{e}/mime:\n', r
         assert s.run('ulimit -n').stdout == '64\n'
         s.limits = Limits(nofile=96, fsize_mb=1)
         assert s.run('ulimit -n').stdout == '96\n'
@@ -608,5 +609,6 @@ def test_each_command_takes_the_current_limits_and_cannot_write_hidden_folders(r
         assert r.stdout == f'{1 << 20}\n' and 'File size limit exceeded' in r.stderr, r       # SIGXFSZ at 1 MiB
         r = s.run(f'chmod u+w {d} 2>&1; touch {d}/x 2>&1; ls -A {d}')
         assert r.stdout.splitlines()[-1] == 'decoder.py' and ('Read-only' in r.stdout or 'not permitted' in r.stdout), r
-        assert s.run(f'ls -A {d}; head -c 18 {d}/decoder.py').stdout == 'decoder.py\nraise ImportError(', r
+        r = s.run(f'ls -A {d}; head -c 18 {d}/decoder.py')
+        assert r.stdout == 'decoder.py\nraise ImportError(', r
     assert (d / '__init__.py').exists()
