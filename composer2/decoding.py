@@ -226,6 +226,14 @@ def _step(model, tok, view):
 
 _COMPILED, _SEEN = [], set()
 
+def _global_state() -> str:
+    """What dynamo's global-state guard compares (threads, default dtype, autocast, determinism flags...), as its string:
+    a graph compiled under one state must not be entered with guards skipped under another."""
+    try: return torch._C._dynamo.guards.GlobalStateGuard().__getstate__()
+    except (AttributeError, RuntimeError):             # a torch without it: the states that change in practice
+        return repr((torch.get_num_threads(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+                     torch.is_autocast_enabled('cpu')))
+
 @torch.no_grad()
 def compiled_step(model, tok: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """One decode step (token `tok[b]` appended to row b of `cache`) as a compiled graph: logits [B, V]; the cache
@@ -237,7 +245,8 @@ def compiled_step(model, tok: torch.Tensor, cache: KVCache) -> torch.Tensor:
     if full >= cache.max_len: raise ValueError(f"KV cache overflow: {full + 1} positions > capacity {cache.max_len}")
     if not _COMPILED: _COMPILED.append(torch.compile(_step, dynamic=False))
     p = next(model.parameters())          # a model moved or cast in place keeps its id: device and dtype are in the key
-    key = (id(model), repr(c), tok.shape[0], cache.max_len, cache.k[0].dtype, cache.k[0].device, p.dtype, p.device)
+    key = (id(model), repr(c), tok.shape[0], cache.max_len, cache.k[0].dtype, cache.k[0].device, p.dtype, p.device,
+           _global_state())
     if key not in _SEEN and len(_SEEN) >= torch._dynamo.config.recompile_limit:     # dynamo's graphs per function:
         return model(tok[:, None], cache=cache, stats=False).logits[:, -1]          # beyond them, the eager step
     with torch.compiler.set_stance('default', skip_guard_eval_unsafe=key in _SEEN):

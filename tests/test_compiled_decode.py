@@ -89,3 +89,18 @@ def test_shapes_beyond_dynamos_graph_limit_run_the_eager_step(monkeypatch):
     tok = torch.tensor([5, 6])
     with torch.no_grad(): ref = m(tok[:, None], cache=c.clone(), stats=False).logits[:, -1]
     assert torch.equal(compiled_step(m, tok, c), ref) and c.lengths.tolist() == [3, 3]
+
+
+def test_a_new_thread_count_compiles_rather_than_failing():
+    """Dynamo guards its graphs on the thread count (among its global state): a step compiled under 2 threads and called
+    under 1 must compile again, not enter the old graph with its guards skipped (that raised a RuntimeError)."""
+    m, n = model(), torch.get_num_threads()
+    prompts = [[1, 2, 3], [4, 5]]
+    ref = generate(m, prompts, max_new_tokens=6)
+    try:
+        for threads in (2, 1, 2):
+            torch.set_num_threads(threads)
+            got = generate(m, prompts, max_new_tokens=6, compile=True)
+            assert got.tokens == ref.tokens
+            assert max(abs(a - b) for r, s in zip(got.logprobs, ref.logprobs) for a, b in zip(r, s)) < TOL
+    finally: torch.set_num_threads(n)
