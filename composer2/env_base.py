@@ -407,9 +407,9 @@ def _chain(uid: int, lim: Limits, workspace: Path | None, cwd: str, env: dict, c
     a = _bwrap_args(lim, workspace, hide, ('CAP_SETUID', 'CAP_SETGID') if root else ())
     a += ['--die-with-parent', '--new-session', '--chdir', cwd, '--remount-ro', '/', '--clearenv']
     for k, v in env.items(): a += ['--setenv', k, v]
-    cpu = _cpu_s(lim)
     if helper:   # one small static exec instead of setpriv -> unshare -> prlimit
         return a + [_EXEC_INNER, *_limit_fields(uid, lim, userns), '--', '/bin/sh', '-c', cmd]
+    cpu = _cpu_s(lim)
     if root:
         a += ['setpriv', f'--reuid={uid}', f'--regid={uid}', '--clear-groups', '--no-new-privs', '--inh-caps=-all', '--']
         if userns: a += ['unshare', '--user', f'--map-user={uid}', f'--map-group={uid}', '--']
