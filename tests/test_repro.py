@@ -60,3 +60,11 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path):
     r = subprocess.run([sys.executable, '-m', 'composer2.repro', '--dvc-yaml', str(p / 'dvc.yaml'), '--side', 'x'],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "unknown side stage(s) ['x']" in r.stderr
+
+def test_a_workspace_whose_dvc_yaml_is_a_symlink_runs_in_the_workspace(tmp_path):
+    "`make repro PROFILE=x` runs in runs/x, whose dvc.yaml links to the repository's: the lanes must run there, not at the link's target."
+    (tmp_path / 'repo').mkdir(); src = _project(tmp_path / 'repo'); ws = tmp_path / 'ws'; ws.mkdir()
+    for f in ['dvc.yaml', 'stage.py']: (ws / f).symlink_to(src / f)
+    subprocess.run([_dvc()[0], 'init', '--no-scm', '-q'], cwd=ws, check=True)
+    assert run_lanes(['s'], ws / 'dvc.yaml', echo=lambda s: None) == 0
+    assert set(_times(ws)) == {'a', 'b', 'c', 's', 'r'} and not (src / 'out').exists() and not (src / 'dvc.lock').exists()
