@@ -226,13 +226,18 @@ def _step(model, tok, view):
 
 _COMPILED, _SEEN = [], set()
 
-def _global_state() -> str:
+def _dynamo_state() -> str:
     """What dynamo's global-state guard compares (threads, default dtype, autocast, determinism flags...), as its string:
     a graph compiled under one state must not be entered with guards skipped under another."""
-    try: return torch._C._dynamo.guards.GlobalStateGuard().__getstate__()
-    except (AttributeError, RuntimeError):             # a torch without it: the states that change in practice
-        return repr((torch.get_num_threads(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
-                     torch.is_autocast_enabled('cpu')))
+    return torch._C._dynamo.guards.GlobalStateGuard().__getstate__()
+
+def _fallback_state() -> str:
+    "For a torch without that guard: the global states that change in practice."
+    return repr((torch.get_num_threads(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+                 torch.is_autocast_enabled('cpu')))
+
+try: _dynamo_state(); _global_state = _dynamo_state          # chosen once here, not tried at every step
+except (AttributeError, RuntimeError): _global_state = _fallback_state
 
 @torch.no_grad()
 def compiled_step(model, tok: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -289,6 +289,11 @@ def validate_task(task: Task, backend='sandbox', runs: int = 3, limits=None, cac
     if not quick and not task.fail_to_pass:
         rep['reasons'].append('no test fails before the gold patch and passes after it'); return None, rep
     before = _runs(task.files, task, runs, backend, limits, cache, timeout)
+    late = [i for i, r in enumerate(before) if r.timed_out or r.error]     # a later run cut short: every test would flip
+    if late:
+        r = before[late[0]]
+        rep['reasons'].append(f"the broken state does not finish cleanly in run {late[0] + 1} of {runs} (timed out: {r.timed_out}; "
+                              f"{r.error[:200]})"); return None, rep
     ids = sorted(set().union(*[r.results for r in before + after]))
     f2p, p2p, flaky = [], [], []
     for t in ids:

@@ -104,3 +104,14 @@ def test_a_new_thread_count_compiles_rather_than_failing():
             assert got.tokens == ref.tokens
             assert max(abs(a - b) for r, s in zip(got.logprobs, ref.logprobs) for a, b in zip(r, s)) < TOL
     finally: torch.set_num_threads(n)
+
+
+def test_both_graph_keys_tell_thread_counts_apart():
+    "The key's global state: dynamo's guard string where torch has it (chosen once at import), else the fallback tuple."
+    from composer2 import decoding as D
+    assert D._global_state is D._dynamo_state       # the pinned torch has the guard
+    n = torch.get_num_threads(); a = D._dynamo_state(), D._fallback_state()
+    torch.set_num_threads(1 if n > 1 else 2)
+    try: b = D._dynamo_state(), D._fallback_state()
+    finally: torch.set_num_threads(n)
+    assert a[0] != b[0] and a[1] != b[1] and (D._dynamo_state(), D._fallback_state()) == a
