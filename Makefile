@@ -69,13 +69,9 @@ test-fast: $(STAMP)
 export: $(STAMP)
 	$(BIN)/nbdev_export && $(BIN)/nbdev_clean
 
-# The pipeline in two DVC lanes (composer2/repro.py, nbs/9_cli/02_repro.ipynb): the harness stages from `tasks` to
-# `bench_v2` (test suites in the sandbox, about one core) beside the model stages, their output in
-# .dvc/tmp/repro-side.log; then a plain `dvc repro` of the rest. `make repro REPRO_SIDE=` runs one lane (`dvc repro`).
-REPRO_SIDE ?= tasks bench_v2
 repro: install
-	@if [ "$(PROFILE)" = default ]; then $(BIN)/python -m composer2.repro --side $(REPRO_SIDE); \
-	else $(BIN)/composer2 workspace $(PROFILE) runs/$(PROFILE) && cd runs/$(PROFILE) && $(CURDIR)/$(BIN)/python -m composer2.repro --side $(REPRO_SIDE); fi
+	@if [ "$(PROFILE)" = default ]; then $(BIN)/dvc repro; \
+	else $(BIN)/composer2 workspace $(PROFILE) runs/$(PROFILE) && cd runs/$(PROFILE) && $(CURDIR)/$(BIN)/dvc repro; fi
 
 # The studies of issue 23 (studies/dvc.yaml): RL over seeds on the sealed test draw and the ablations, each run from
 # the default pipeline's agent-SFT checkpoint (run `make repro` first). Not part of `make repro`: about 5 hours on

@@ -32,7 +32,7 @@ MODULE_LAYERS = {
     'curriculum_gen': 'harness', 'curriculum': 'harness', 'rewards': 'harness', 'serve': 'harness',
     'rl_rollout': 'rl', 'rl_loss': 'rl', 'rl_transport': 'rl', 'rl_eval': 'rl', 'rl': 'rl', 'screen': 'rl',
     'stages': 'stages',
-    'cli': 'cli', 'graph': 'cli', 'repro': 'cli',
+    'cli': 'cli', 'graph': 'cli',
 }
 PREFIX_LAYERS = {'stages.': 'stages'}   # every stage module
 
