@@ -360,11 +360,12 @@ def _fuse_w1_w3(module, sd, prefix, *args):
 # %% ../nbs/3_model/01_model.ipynb #c021
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor                    # [B, T, V] (or [B, 1, V] with `logits_at`)
+    logits: Optional[torch.Tensor]          # [B, T, V] (or [B, 1, V] with `logits_at`); None with `head=False`
     routes: Optional[torch.Tensor] = None   # [n_moe_layers, B, T, top_k] (int64; -1 at padded positions)
     aux_loss: Optional[torch.Tensor] = None
     hidden: Optional[torch.Tensor] = None   # final hidden states before the last norm [B, T, d] (for MTP heads)
     expert_counts: Optional[torch.Tensor] = None  # [n_moe_layers, E] tokens routed to each expert
+    head_in: Optional[torch.Tensor] = None  # with `head=False`: the last norm's output [B, T, d], the head's input
 
 def _swiglu(x, w13t, w2t):
     "SwiGLU from `_wt` weights: gate|up fused [d, 2h] and down [h, d] (or batches of them, [E, ...], for bmm)."
@@ -462,12 +463,13 @@ class Transformer(nn.Module):
         self.inv_freq = inv.to(self.inv_freq.device)
 
     def forward(self, ids, routes=None, return_routes=False, cache=None, input_lens=None,
-                positions=None, return_hidden=False, attn_fn=None, stats=True, logits_at=None) -> ModelOutput:
+                positions=None, return_hidden=False, attn_fn=None, stats=True, logits_at=None, head=True) -> ModelOutput:
         """`ids` [B, T]. `routes` [n_moe_layers, B, T, k] forces expert choices. With `cache`, the tokens continue each
         row from its cached length; `input_lens` [B] says how many of the T tokens are real (the rest is padding).
         `stats=False` skips the MoE balance statistics (no aux_loss / expert_counts; the fast path for decoding, used
         without autograd); `logits_at` [B] computes logits only at that position of each row ([B, 1, V]); a boolean
-        `logits_at` [B, T] computes them at its True positions only ([N, V], in row-major order)."""
+        `logits_at` [B, T] computes them at its True positions only ([N, V], in row-major order). `head=False` stops at the
+        last norm: no logits, `head_in` instead (for a loss that applies the head in blocks, `train.head_ce`)."""
         B, T = ids.shape; dev = ids.device
         pos, valid, common = _inputs(self.cfg, ids, cache, input_lens, positions)
         if input_lens is not None: input_lens = torch.as_tensor(input_lens, device=dev, dtype=torch.long)
@@ -487,10 +489,9 @@ class Transformer(nn.Module):
                 if return_routes: all_routes.append(st.routes if stats else st)
                 mi += 1
         if cache is not None: cache.advance(input_lens if input_lens is not None else T, common)
-        hidden = x
-        if logits_at is not None: x = _rows_at(x, logits_at)
-        logits = self.head(self.norm(x)) if stats else self.norm(x) @ _wt(self, 'head', (self.head.weight,))
-        out = ModelOutput(logits)
+        hidden, x = x, (_rows_at(x, logits_at) if logits_at is not None else x)
+        if not head: out = ModelOutput(None, head_in=self.norm(x))
+        else: out = ModelOutput(self.head(self.norm(x)) if stats else self.norm(x) @ _wt(self, 'head', (self.head.weight,)))
         if stats: out.aux_loss, out.expert_counts = aux / max(1, self.cfg.n_moe_layers), torch.stack(counts) if counts else None
         if return_routes and all_routes:
             rt = torch.stack(all_routes)

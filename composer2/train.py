@@ -22,7 +22,8 @@ from .tokenizer import copy_tokenizer_files
 
 # %% auto #0
 __all__ = ['TrainConfig', 'lr_lambda', 'Batch', 'WindowSampler', 'model_state', 'load_weights', 'carry_tokenizer',
-           'save_checkpoint', 'load_model', 'autocast_ctx', 'masked_ce', 'perplexity', 'make_optimizer', 'train']
+           'save_checkpoint', 'load_model', 'autocast_ctx', 'masked_ce', 'perplexity', 'head_ce', 'make_optimizer',
+           'train']
 
 # %% ../nbs/5_train/00_train.ipynb #c005
 @dataclass
@@ -168,7 +169,12 @@ def autocast_ctx(cfg: TrainConfig, device: torch.device):
 
 _CE_ROWS = 512   # rows of logits per block: a [512, V] block stays in cache between its passes
 
-def _blocks(n: int): return [(i, min(i + _CE_ROWS, n)) for i in range(0, n, _CE_ROWS)]
+def _blocks(n: int, rows: int | None = None):
+    r = rows or _CE_ROWS; return [(i, min(i + r, n)) for i in range(0, n, r)]
+
+def _targets(y, mask):
+    "Flat targets and the float weights of the tokens that count (mask 1 and target not -100)."
+    y = y.reshape(-1); return y, mask.reshape(-1).float() * (y != -100)
 
 class _MaskedCE(torch.autograd.Function):
     """sum_i m_i (logsumexp(z_i) - z_i[y_i]) in one read of the logits z [N, V]; the backward writes the one [N, V]
@@ -192,7 +198,7 @@ class _MaskedCE(torch.autograd.Function):
 
 def masked_ce(logits, y, mask) -> tuple[torch.Tensor, torch.Tensor]:
     "Sum of token cross-entropies where `mask` is 1 (and the target is not -100), and the number of such tokens."
-    y = y.reshape(-1); m = mask.reshape(-1).float() * (y != -100)
+    y, m = _targets(y, mask)
     return _MaskedCE.apply(logits.float().reshape(-1, logits.shape[-1]), y.clamp_min(0), m), m.sum()
 
 @torch.no_grad()
@@ -210,6 +216,40 @@ def perplexity(model, stream: np.ndarray, seq_len: int, n_windows: int = 16, bat
         tot += float(s); cnt += float(c)
     model.train(was)
     return math.exp(tot / cnt)
+
+# %% ../nbs/5_train/00_train.ipynb #c013he
+_HEAD_ROWS = 256   # rows per block of `head_ce`: a [256, V] block of logits stays in cache for all its passes
+
+class _HeadCE(torch.autograd.Function):
+    """sum_i m_i (logsumexp(z_i) - z_i[y_i]) for the logits z = h @ w.T (h [N, d], w [V, d]), in blocks of `_HEAD_ROWS`
+    rows; with a gradient wanted, each block also computes its dL/dz and from it its rows of dL/dh and its share of
+    dL/dw (see above). Only [N, d] and [V, d] gradients are kept between forward and backward."""
+    @staticmethod
+    def forward(ctx, h, w, y, m, grad: bool):
+        dh, dw, tot = (torch.empty_like(h) if grad else None), (torch.zeros_like(w) if grad else None), h.new_zeros(())
+        for a, b in _blocks(h.shape[0], _HEAD_ROWS):
+            z = torch.mm(h[a:b], w.t()); lse, mb = torch.logsumexp(z, -1), m[a:b]
+            tot += ((lse - z.gather(1, y[a:b, None])[:, 0]) * mb).sum()
+            if grad:
+                z.sub_(lse[:, None]).exp_().mul_(mb[:, None]).scatter_add_(1, y[a:b, None], -mb[:, None])
+                torch.mm(z, w, out=dh[a:b]); dw.addmm_(z.t(), h[a:b])
+        ctx.save_for_backward(dh, dw)
+        return tot
+    @staticmethod
+    def backward(ctx, g):
+        dh, dw = ctx.saved_tensors
+        if dh is None: raise RuntimeError("head_ce ran without a gradient (under no_grad, or on inputs not requiring one)")
+        return dh * g, dw * g, None, None, None
+
+def head_ce(h, w, y, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """`masked_ce(h @ w.T, y, mask)` without the logits: `h` [..., d] the head's input (`Transformer(..., head=False)`'s
+    `head_in`), `w` [V, d] the head's weight. Returns (sum of token cross-entropies, number of such tokens)."""
+    if h.shape[-1] != w.shape[-1]: raise ValueError(f"head_ce: h has {h.shape[-1]} features, the head weight {w.shape[-1]}")
+    y, m = _targets(y, mask)
+    if h[..., 0].numel() != y.numel(): raise ValueError(f"head_ce: {h[..., 0].numel()} rows of h, {y.numel()} targets")
+    grad = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)     # (forward runs under no_grad)
+    return _HeadCE.apply(h.float().reshape(-1, h.shape[-1]), w.float(), y.clamp_min(0), m, grad), m.sum()
+
 
 # %% ../nbs/5_train/00_train.ipynb #c015
 def _sharded(model) -> bool:
@@ -366,9 +406,10 @@ def _step(model, engine, opt, sched, batch, cfg: TrainConfig, device, accum: int
     loss_total, out, pre = torch.zeros((), device=device), None, 0.0
     for mb in batch.split(accum):
         with autocast_ctx(cfg, device):
-            if loss_fn is None:
-                out = model(mb.x) if engine is None else engine(mb.x)
-                s, _ = masked_ce(out.logits, mb.y, mb.mask)
+            if loss_fn is None:          # a plain model's head runs inside the loss, in blocks (`head_ce`)
+                fused = engine is None and isinstance(model, Transformer) and not torch.is_autocast_enabled(device.type)
+                out = model(mb.x, head=not fused) if engine is None else engine(mb.x)
+                s, _ = head_ce(out.head_in, model.head.weight, mb.y, mb.mask) if fused else masked_ce(out.logits, mb.y, mb.mask)
                 aux = out.aux_loss if out.aux_loss is not None else 0.0
             else:
                 s, _ = loss_fn(model if engine is None else engine, mb); aux = 0.0

@@ -119,3 +119,48 @@ def test_masked_ce_in_row_blocks_equals_the_reference_across_blocks(monkeypatch)
     z3 = z.detach().clone().requires_grad_(); s3, _ = T.masked_ce(z3, y, m); s3.backward()
     torch.testing.assert_close(s3, s, atol=1e-4, rtol=1e-6)
     torch.testing.assert_close(z3.grad, z.grad, atol=1e-8, rtol=1e-6)
+
+@pytest.mark.numerics
+def test_head_ce_equals_the_fp64_reference_across_blocks():
+    "The head applied in row blocks (`head_ce`: 1300 rows, blocks of 256, the last partial) against fp64 cross entropy of full logits."
+    import composer2.train as T
+    torch.manual_seed(2)
+    h = torch.randn(1300, 48, requires_grad=True); w = (0.3 * torch.randn(257, 48)).requires_grad_()
+    y = torch.randint(0, 257, (1300,)); y[5] = y[1000] = -100; m = (torch.rand(1300) > 0.4).long()
+    s, c = T.head_ce(h, w, y, m); s.backward()
+    h2, w2 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_(); mm = m.double() * (y != -100)
+    ref = (F.cross_entropy(h2 @ w2.t(), y, reduction='none') * mm).sum(); ref.backward()
+    assert c == mm.sum() and T._HEAD_ROWS < 1300
+    # toleranced: fp32 GEMMs and blocked sums vs fp64 over the whole logits
+    torch.testing.assert_close(s.double(), ref, atol=1e-3, rtol=1e-6)
+    torch.testing.assert_close(h.grad.double(), h2.grad, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(w.grad.double(), w2.grad, atol=1e-5, rtol=1e-5)     # a sum over 1300 rows in fp32
+
+def test_head_ce_without_a_gradient_and_with_bad_shapes():
+    from composer2.train import head_ce
+    torch.manual_seed(0)
+    h, w, y, m = torch.randn(10, 8), torch.randn(20, 8), torch.randint(0, 20, (10,)), torch.ones(10)
+    s, c = head_ce(h, w, y, m)                                  # nothing requires a gradient: the loss alone
+    assert not s.requires_grad and c == 10
+    torch.testing.assert_close(s, F.cross_entropy(h @ w.t(), y, reduction='sum'), rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match='8 features, the head weight 9'): head_ce(h, torch.randn(20, 9), y, m)
+    with pytest.raises(ValueError, match='10 rows of h, 5 targets'): head_ce(h, w, y[:5], m[:5])
+
+@pytest.mark.numerics
+def test_the_trainer_applies_the_head_in_blocks_and_matches_full_logits(tmp_path, monkeypatch):
+    "A tied-embedding model: loss and every gradient as from `masked_ce` over the full logits; `train` takes this path."
+    import composer2.train as T
+    torch.manual_seed(0); m = Transformer(tiny_cfg(tie_embeddings=True)); x = torch.randint(0, 97, (4, 40))
+    y, mask = torch.roll(x, -1, 1), (torch.rand(4, 40) > 0.2).long()
+    s_ref, _ = T.masked_ce(m(x).logits, y, mask); s_ref.backward()
+    g_ref = {n: p.grad.clone() for n, p in m.named_parameters()}; m.zero_grad()
+    out = m(x, head=False)
+    assert out.logits is None and out.head_in.shape == (4, 40, 32)
+    s, _ = T.head_ce(out.head_in, m.head.weight, y, mask); s.backward()
+    # toleranced: the head's GEMMs in 256-row blocks and the loss summed per block vs one GEMM over all rows
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-4)
+    for n, p in m.named_parameters(): torch.testing.assert_close(p.grad, g_ref[n], rtol=1e-4, atol=1e-7, msg=n)
+    def full_logits(*a, **k): raise AssertionError('the single-process trainer built the full logits')
+    monkeypatch.setattr(T, 'masked_ce', full_logits)
+    _, hist = run(tmp_path, steps=3)
+    assert len(hist['loss']) == 3 and all(np.isfinite(hist['loss']))
