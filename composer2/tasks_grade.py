@@ -273,27 +273,29 @@ def _stable(runs, tid):
     outs = {r.passed(tid) for r in runs}
     return None if len(outs) > 1 else ('pass' if outs == {True} else 'fail')
 
+def _cut_short(runs: list, what: str) -> str | None:
+    "The rejection reason when one of `runs` (of one state) timed out or ended in an error, else None."
+    for i, r in enumerate(runs):
+        if r.timed_out or r.error:
+            return f"{what} does not finish cleanly in run {i + 1} of {len(runs)} (timed out: {r.timed_out}; {r.error[:200]})"
+    return None
+
 def validate_task(task: Task, backend='sandbox', runs: int = 3, limits=None, cache: dict | None = None,
                   min_p2p: int = 1, timeout: float = 12) -> tuple[Task | None, dict]:
     "Run the before/after states and fill F2P/P2P; returns (valid task or None, report with the reasons)."
     rep = {'id': task.id, 'ok': False, 'reasons': [], 'flaky': [], 'n_f2p': 0, 'n_p2p': 0}
     before = _runs(task.files, task, 1, backend, limits, cache, timeout)
     after = _runs(task.patched_files(), task, runs, backend, limits, cache, timeout)
-    bad = [r for r in after if r.error or not r.imports_ok or r.load_errors]
+    bad = [r for r in after if r.timed_out or r.error or not r.imports_ok or r.load_errors]
     if bad:
-        r = bad[0]
-        rep['reasons'].append(f"gold state does not run cleanly: {r.error or r.load_errors or r.imports}"); return None, rep
-    if before[0].timed_out or before[0].error:
-        rep['reasons'].append(f"the broken state does not finish cleanly (timed out: {before[0].timed_out}; {before[0].error[:200]})"); return None, rep
+        r = bad[0]; why = f"timed out; {r.error}" if r.timed_out else (r.error or r.load_errors or r.imports)
+        rep['reasons'].append(f"gold state does not run cleanly: {why}"); return None, rep
+    if why := _cut_short(before, 'the broken state'): rep['reasons'].append(why); return None, rep
     quick = [t for t, s in after[0].results.items() if s == 'pass' and not before[0].passed(t)]
     if not quick and not task.fail_to_pass:
         rep['reasons'].append('no test fails before the gold patch and passes after it'); return None, rep
     before = _runs(task.files, task, runs, backend, limits, cache, timeout)
-    late = [i for i, r in enumerate(before) if r.timed_out or r.error]     # a later run cut short: every test would flip
-    if late:
-        r = before[late[0]]
-        rep['reasons'].append(f"the broken state does not finish cleanly in run {late[0] + 1} of {runs} (timed out: {r.timed_out}; "
-                              f"{r.error[:200]})"); return None, rep
+    if why := _cut_short(before, 'the broken state'): rep['reasons'].append(why); return None, rep   # else every test would flip
     ids = sorted(set().union(*[r.results for r in before + after]))
     f2p, p2p, flaky = [], [], []
     for t in ids:

@@ -130,6 +130,18 @@ def test_a_later_broken_state_run_that_times_out_is_named_not_read_as_flaky(tmp_
     assert v is None and rep['flaky'] == [], rep
     assert any(r.startswith('the broken state does not finish cleanly in run 2 of 3 (timed out: True') for r in rep['reasons']), rep
 
+def test_a_gold_state_run_that_times_out_is_named(tmp_path):
+    # The gold state's second run hangs past the timeout (counter file outside the workspace, local backend as above):
+    # rejected as a gold state that does not run cleanly, with the timeout named.
+    counter = tmp_path / 'count'
+    slow = (f'import pathlib, time, unittest, toymod\nP = pathlib.Path({str(counter)!r})\n'
+            'class S(unittest.TestCase):\n    def test_slow(self):\n        if toymod.sign(1) == 1:\n'
+            '            n = int(P.read_text()) if P.exists() else 0\n            P.write_text(str(n + 1))\n'
+            '            if n >= 1: time.sleep(30)\n')
+    t = toy(hidden_tests={'test_toy.py': TESTS, 'test_slow.py': slow}, test_modules=['test_toy', 'test_slow'])
+    v, rep = T.validate_task(t, backend='local', runs=2, timeout=4, cache={})
+    assert v is None and any(r.startswith('gold state does not run cleanly: timed out') for r in rep['reasons']), rep
+
 def test_failure_messages_are_stored_without_memory_addresses():
     # A failing assertion that prints object reprs carries addresses that differ per process; the validated task
     # keeps the message (debug prompts quote it), so two validations must store the same bytes. Two shapes: unittest
