@@ -117,29 +117,27 @@ def test_validation_drops_a_flaky_test(tmp_path):
     assert rep['ok'] and rep['flaky'] == ['test_flaky.F.test_flaky']
     assert 'test_flaky.F.test_flaky' not in v.fail_to_pass + v.pass_to_pass and v.fail_to_pass == ['test_toy.T.test_sign']
 
-def test_a_later_broken_state_run_that_times_out_is_named_not_read_as_flaky(tmp_path):
-    # The broken state's first run finishes; its second hangs past the timeout (a counter file outside the workspace,
-    # local backend as above). Its tests must not all read as flipping: the candidate is rejected with the cause.
-    counter = tmp_path / 'count'
+def hangs_on_second_run(counter, gold: bool):
+    """A toy task whose extra test hangs (30 s) from its second run on, in the gold state (`gold`) or the broken one.
+    Outcomes need state across runs, which a sandbox forbids: a counter file outside the workspace, local backend."""
     slow = (f'import pathlib, time, unittest, toymod\nP = pathlib.Path({str(counter)!r})\n'
-            'class S(unittest.TestCase):\n    def test_slow(self):\n        if toymod.sign(1) != 1:\n'
+            'class S(unittest.TestCase):\n    def test_slow(self):\n'
+            f'        if toymod.sign(1) {"==" if gold else "!="} 1:\n'
             '            n = int(P.read_text()) if P.exists() else 0\n            P.write_text(str(n + 1))\n'
             '            if n >= 1: time.sleep(30)\n')
-    t = toy(hidden_tests={'test_toy.py': TESTS, 'test_slow.py': slow}, test_modules=['test_toy', 'test_slow'])
+    return toy(hidden_tests={'test_toy.py': TESTS, 'test_slow.py': slow}, test_modules=['test_toy', 'test_slow'])
+
+def test_a_later_broken_state_run_that_times_out_is_named_not_read_as_flaky(tmp_path):
+    # The broken state's first run finishes, its second hangs past the timeout. Its tests must not all read as
+    # flipping: the candidate is rejected with the cause.
+    t = hangs_on_second_run(tmp_path / 'count', gold=False)
     v, rep = T.validate_task(t, backend='local', runs=3, timeout=4, cache={})    # as tasks_v2 runs it: the quick run is reused
     assert v is None and rep['flaky'] == [], rep
     assert any(r.startswith('the broken state does not finish cleanly in run 2 of 3 (timed out: True') for r in rep['reasons']), rep
 
 def test_a_gold_state_run_that_times_out_is_named(tmp_path):
-    # The gold state's second run hangs past the timeout (counter file outside the workspace, local backend as above):
-    # rejected as a gold state that does not run cleanly, with the timeout named.
-    counter = tmp_path / 'count'
-    slow = (f'import pathlib, time, unittest, toymod\nP = pathlib.Path({str(counter)!r})\n'
-            'class S(unittest.TestCase):\n    def test_slow(self):\n        if toymod.sign(1) == 1:\n'
-            '            n = int(P.read_text()) if P.exists() else 0\n            P.write_text(str(n + 1))\n'
-            '            if n >= 1: time.sleep(30)\n')
-    t = toy(hidden_tests={'test_toy.py': TESTS, 'test_slow.py': slow}, test_modules=['test_toy', 'test_slow'])
-    v, rep = T.validate_task(t, backend='local', runs=2, timeout=4, cache={})
+    # The gold state's second run hangs past the timeout: rejected as a gold state that does not run cleanly, timeout named.
+    v, rep = T.validate_task(hangs_on_second_run(tmp_path / 'count', gold=True), backend='local', runs=2, timeout=4, cache={})
     assert v is None and any(r.startswith('gold state does not run cleanly: timed out') for r in rep['reasons']), rep
 
 def test_failure_messages_are_stored_without_memory_addresses():
