@@ -269,8 +269,10 @@ def test_long_context_stage_cp2_matches_single_process(tmp_path, monkeypatch):
     init = load_file(str(tmp_path / 'cpt/ckpt/model.safetensors'))
     assert max((ws[n] - init[n]).abs().max().item() for n in ws) > 1e-3                 # the steps moved the weights
     # AdamW's first steps move each weight by ~lr·g/|g|: elements with |g| near eps amplify fp32 rounding (ring vs SDPA,
-    # all-reduce order) to ~1e-5 at lr 1e-2, while a wrong loss share would move weights by ~lr
-    assert max((ws[n] - wc[n]).abs().max().item() for n in ws) < 5e-5
+    # all-reduce order, and the head: in 256-row blocks single-process, `train.head_ce`, over full logits on the CP path)
+    # to ~1e-5..7e-5 at lr 1e-2, while a wrong loss share would move weights by ~lr
+    dw = max((ws[n] - wc[n]).abs().max().item() for n in ws)
+    assert dw < 2e-4, dw
     assert abs(single['val_ppl'] - cp['val_ppl']) < 1e-3 * single['val_ppl']
 
 def test_cp_config_errors(tmp_path):
