@@ -2,7 +2,11 @@
 AdamW; `head_ce`: the head and cross entropy in row blocks, as `train` runs them): tokens/s, and achieved FLOP/s as a
 fraction of a plain torch matmul's FLOP/s measured in the same run (best of `--repeat` timings of `--steps` optimizer
 steps; matmul: best of 10). Also the same step with the full logits and `masked_ce` (the trainer before `head_ce`),
-interleaved with it, and the ratio of the two. `python benchmarks/bench_train.py [--steps N] [--repeat R]`."""
+interleaved with it, and the ratio of the two. `--trainer N` also times `composer2.train.train` itself for N steps,
+both ways, three runs each interleaved, each run in a fresh process as a pipeline stage runs it: the trainer keeps each
+step's last forward output alive into the next step (32 MB of logits at 16 x 128 on the full-logits path), and a fresh
+process's allocator hands out such buffers as new pages, neither of which a bare step loop in a warmed process shows.
+`python benchmarks/bench_train.py [--steps N] [--repeat R] [--trainer N]`."""
 import argparse, sys
 import torch, torch.nn.functional as F
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
@@ -13,9 +17,30 @@ from composer2.train import TrainConfig, head_ce, make_optimizer, masked_ce
 
 ap = argparse.ArgumentParser(); ap.add_argument('--steps', type=int, default=1); ap.add_argument('--repeat', type=int, default=10); ap.add_argument('--batch', type=int, default=16)
 ap.add_argument('--seq', type=int, default=128); ap.add_argument('--threads', type=int, default=2)
+ap.add_argument('--trainer', type=int, default=0, help='also time train() for this many steps, head in blocks vs full logits')
+ap.add_argument('--arm', choices=['full', 'blocked'], help=argparse.SUPPRESS)      # a child process: one trainer run
 a = ap.parse_args()
 torch.set_num_threads(a.threads); torch.manual_seed(0)
 cfg = load_section(ModelConfig, 'model', repo_root() / 'params.yaml')
+def trainer_run(blocked: bool, steps: int) -> float:
+    """`composer2.train.train` for `steps` steps of the default model (batch --batch x --seq, random tokens). The
+    full-logits arm rebinds `composer2.train.Transformer` for the run, so the single-process step's isinstance test fails
+    and it takes `masked_ce` over full logits: the trainer as it was before `head_ce`."""
+    import tempfile, time, numpy as np
+    import composer2.train as T
+    torch.manual_seed(0); model = Transformer(cfg)
+    stream = np.random.default_rng(0).integers(0, cfg.vocab_size, 400_000).astype(np.uint16)
+    tc = TrainConfig(steps=steps, batch_size=a.batch, seq_len=a.seq, lr=1e-3, warmup_steps=2, eval_every=10**6)
+    old = T.Transformer
+    if not blocked: T.Transformer = type('NotATransformer', (), {})
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter(); T.train(model, tc, T.WindowSampler(stream, a.seq, a.batch, seed=1), d, stage='bench')
+            return time.perf_counter() - t0
+    finally: T.Transformer = old
+
+if a.arm:                      # a child process (`--trainer`): one train() run, then its seconds on the last line
+    print(trainer_run(a.arm == 'blocked', a.trainer)); sys.exit(0)
 m = Transformer(cfg); opt, _ = make_optimizer(m, TrainConfig(lr=1e-3))
 x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq))
 def step(blocked=True):
@@ -37,3 +62,16 @@ print(f"training: {tokens / t:,.0f} tokens/s, {flops / 1e9:.2f} GFLOP/s achieved
 print(f"torch fp32 matmul 512^3 in the same run: {base / 1e9:.2f} GFLOP/s")
 print(f"RATIO achieved/matmul = {flops / base:.3f}")
 print(f"full logits + masked_ce: {tokens / t_full:,.0f} tokens/s; RATIO full-logits step time / head_ce step time = {t_full / t:.2f}x")
+
+if a.trainer:
+    import subprocess
+    runs = {False: [], True: []}
+    for _ in range(3):
+        for blocked in (False, True):
+            argv = [sys.executable, __file__, '--arm', 'blocked' if blocked else 'full', '--trainer', str(a.trainer),
+                    '--batch', str(a.batch), '--seq', str(a.seq), '--threads', str(a.threads)]
+            out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+            runs[blocked].append(float(out[-1]))
+    print(f"train() for {a.trainer} steps, 3 runs each, interleaved: full logits {', '.join(f'{t:.1f}' for t in runs[False])} s; "
+          f"head in blocks {', '.join(f'{t:.1f}' for t in runs[True])} s")
+    print(f"RATIO train() full-logits / head-in-blocks (best of 3 each) = {min(runs[False]) / min(runs[True]):.2f}x")
