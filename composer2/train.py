@@ -176,6 +176,14 @@ def _targets(y, mask):
     "Flat targets and the float weights of the tokens that count (mask 1 and target not -100)."
     y = y.reshape(-1); return y, mask.reshape(-1).float() * (y != -100)
 
+def _ce_sum(z, lse, y, m):
+    "sum_i m_i (lse_i - z_i[y_i]) over rows of logits `z` with their log-sum-exps `lse`."
+    return ((lse - z.gather(1, y[:, None])[:, 0]) * m).sum()
+
+def _ce_grad(z, lse, y, gm, out=None):
+    "The gradient of `_ce_sum` with weights `gm` [N, 1], gm (softmax(z) - onehot(y)), written into `out` (`z` itself may be)."
+    return torch.sub(z, lse[:, None], out=out).exp_().mul_(gm).scatter_add_(1, y[:, None], -gm)
+
 class _MaskedCE(torch.autograd.Function):
     """sum_i m_i (logsumexp(z_i) - z_i[y_i]) in one read of the logits z [N, V]; the backward writes the one [N, V]
     gradient, m_i (softmax(z_i) - onehot(y_i)), in place (no log-softmax copy kept between forward and backward).
@@ -185,15 +193,13 @@ class _MaskedCE(torch.autograd.Function):
         ctx.blk = type(z) is torch.Tensor and z.shape[0] > _CE_ROWS       # DTensor shards: one call
         lse = torch.cat([torch.logsumexp(z[a:b], -1) for a, b in _blocks(z.shape[0])]) if ctx.blk else torch.logsumexp(z, -1)
         ctx.save_for_backward(z, lse, y, m)
-        return ((lse - z.gather(1, y[:, None])[:, 0]) * m).sum()
+        return _ce_sum(z, lse, y, m)
     @staticmethod
     def backward(ctx, g):
         z, lse, y, m = ctx.saved_tensors; gm = (g * m)[:, None]
-        if not ctx.blk:
-            return torch.sub(z, lse[:, None]).exp_().mul_(gm).scatter_add_(1, y[:, None], -gm), None, None
+        if not ctx.blk: return _ce_grad(z, lse, y, gm), None, None
         out = torch.empty_like(z)
-        for a, b in _blocks(z.shape[0]):
-            torch.sub(z[a:b], lse[a:b, None], out=out[a:b]).exp_().mul_(gm[a:b]).scatter_add_(1, y[a:b, None], -gm[a:b])
+        for a, b in _blocks(z.shape[0]): _ce_grad(z[a:b], lse[a:b], y[a:b], gm[a:b], out[a:b])
         return out, None, None
 
 def masked_ce(logits, y, mask) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,16 +228,16 @@ _HEAD_ROWS = 256   # rows per block of `head_ce`: a [256, V] block of logits sta
 
 class _HeadCE(torch.autograd.Function):
     """sum_i m_i (logsumexp(z_i) - z_i[y_i]) for the logits z = h @ w.T (h [N, d], w [V, d]), in blocks of `_HEAD_ROWS`
-    rows; with a gradient wanted, each block also computes its dL/dz and from it its rows of dL/dh and its share of
-    dL/dw (see above). Only [N, d] and [V, d] gradients are kept between forward and backward."""
+    rows (the same `_ce_sum` and `_ce_grad` as `_MaskedCE`); with a gradient wanted, each block also computes its dL/dz
+    and from it its rows of dL/dh and its share of dL/dw (see above). Only [N, d] and [V, d] gradients are kept between forward and backward."""
     @staticmethod
     def forward(ctx, h, w, y, m, grad: bool):
         dh, dw, tot = (torch.empty_like(h) if grad else None), (torch.zeros_like(w) if grad else None), h.new_zeros(())
         for a, b in _blocks(h.shape[0], _HEAD_ROWS):
-            z = torch.mm(h[a:b], w.t()); lse, mb = torch.logsumexp(z, -1), m[a:b]
-            tot += ((lse - z.gather(1, y[a:b, None])[:, 0]) * mb).sum()
+            z = torch.mm(h[a:b], w.t()); lse = torch.logsumexp(z, -1)
+            tot += _ce_sum(z, lse, y[a:b], m[a:b])
             if grad:
-                z.sub_(lse[:, None]).exp_().mul_(mb[:, None]).scatter_add_(1, y[a:b, None], -mb[:, None])
+                _ce_grad(z, lse, y[a:b], m[a:b, None], out=z)     # dL/dz of the block, in place of its logits
                 torch.mm(z, w, out=dh[a:b]); dw.addmm_(z.t(), h[a:b])
         ctx.save_for_backward(dh, dw)
         return tot
