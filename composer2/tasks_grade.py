@@ -5,6 +5,7 @@
 # %% ../nbs/6_harness/05_tasks_grade.ipynb #c003
 from __future__ import annotations
 import dataclasses, hashlib, json, os, re, shutil, subprocess, sys, sysconfig, tempfile, time, types, uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -263,9 +264,10 @@ def _state_key(files, task):
     return h.hexdigest()
 
 def _runs(files, task, n, backend, limits, cache, timeout):
-    key = _state_key(files, task)
-    have = cache.setdefault(key, []) if cache is not None else []
-    while len(have) < n: have.append(run_state(files, task, backend, limits, timeout))
+    "`n` runs of a repo state; those `cache` lacks run at once, one thread each waiting on its own sandboxed process."
+    have = cache.setdefault(_state_key(files, task), []) if cache is not None else []
+    if (k := n - len(have)) > 0:
+        with ThreadPoolExecutor(k) as ex: have.extend(ex.map(lambda _: run_state(files, task, backend, limits, timeout), range(k)))
     return have[:n]
 
 def _stable(runs, tid):

@@ -105,26 +105,41 @@ def test_validation_fills_f2p_p2p_and_rejects_bad_declared_f2p():
     same = toy(files={'toymod.py': ORIG})                 # no change: nothing fails before
     assert T.validate_task(same, runs=1)[0] is None
 
+def claim_code(path) -> str:
+    """Test-module source defining `claim()`: the number of the run calling it, 0, 1, 2, ... in the order the runs reach
+    it. `validate_task` runs a state's runs at once, so a read-then-write counter file could hand two runs one number:
+    each run claims the lowest free `path.N` by an atomic `mkdir`."""
+    return (f'import os\ndef claim(p={str(path)!r}):\n    i = 0\n    while True:\n'
+            '        try: os.mkdir(f"{p}.{i}"); return i\n        except FileExistsError: i += 1\n')
+
 def test_validation_drops_a_flaky_test(tmp_path):
     # Outcomes need state across runs, which a sandbox deliberately forbids: this logic test uses the local backend
-    # with a counter file outside the workspace. The test passes on odd runs only.
-    counter = tmp_path / 'count'
-    flaky = (f'import pathlib, unittest, toymod\nP = pathlib.Path({str(counter)!r})\n'
-             'class F(unittest.TestCase):\n    def test_flaky(self):\n'
-             '        n = int(P.read_text()) if P.exists() else 0\n        P.write_text(str(n + 1))\n        self.assertEqual(n % 2, 1)\n')
+    # with run numbers claimed outside the workspace. The test passes on odd runs only.
+    flaky = (claim_code(tmp_path / 'count') + 'import unittest, toymod\n'
+             'class F(unittest.TestCase):\n    def test_flaky(self):\n        self.assertEqual(claim() % 2, 1)\n')
     t = toy(hidden_tests={'test_toy.py': TESTS, 'test_flaky.py': flaky}, test_modules=['test_toy', 'test_flaky'])
     v, rep = T.validate_task(t, backend='local', runs=3)
     assert rep['ok'] and rep['flaky'] == ['test_flaky.F.test_flaky']
     assert 'test_flaky.F.test_flaky' not in v.fail_to_pass + v.pass_to_pass and v.fail_to_pass == ['test_toy.T.test_sign']
 
+def test_a_states_runs_run_at_once(tmp_path):
+    # The gold state's three runs overlap: each claims a number, then waits (10 s at most) until all three have. One
+    # run after another, the first would wait out the 10 s and fail, and the test would not be a stable PASS_TO_PASS.
+    sync = (claim_code(tmp_path / 'gold') + 'import os, time, unittest, toymod\n'
+            'class S(unittest.TestCase):\n    def test_sync(self):\n        if toymod.sign(1) != 1: return\n'
+            f'        claim(); t = time.time()\n        while not os.path.isdir({str(tmp_path / "gold.2")!r}) and time.time() - t < 10: time.sleep(0.02)\n'
+            f'        self.assertTrue(os.path.isdir({str(tmp_path / "gold.2")!r}))\n')
+    t = toy(hidden_tests={'test_toy.py': TESTS, 'test_sync.py': sync}, test_modules=['test_toy', 'test_sync'])
+    v, rep = T.validate_task(t, backend='local', runs=3, timeout=30)
+    assert rep['ok'] and 'test_sync.S.test_sync' in v.pass_to_pass, rep
+
 def hangs_on_second_run(counter, gold: bool):
     """A toy task whose extra test hangs (30 s) from its second run on, in the gold state (`gold`) or the broken one.
-    Outcomes need state across runs, which a sandbox forbids: a counter file outside the workspace, local backend."""
-    slow = (f'import pathlib, time, unittest, toymod\nP = pathlib.Path({str(counter)!r})\n'
+    Outcomes need state across runs, which a sandbox forbids: run numbers claimed outside the workspace, local backend."""
+    slow = (claim_code(counter) + 'import time, unittest, toymod\n'
             'class S(unittest.TestCase):\n    def test_slow(self):\n'
             f'        if toymod.sign(1) {"==" if gold else "!="} 1:\n'
-            '            n = int(P.read_text()) if P.exists() else 0\n            P.write_text(str(n + 1))\n'
-            '            if n >= 1: time.sleep(30)\n')
+            '            if claim() >= 1: time.sleep(30)\n')
     return toy(hidden_tests={'test_toy.py': TESTS, 'test_slow.py': slow}, test_modules=['test_toy', 'test_slow'])
 
 def test_a_later_broken_state_run_that_times_out_is_named_not_read_as_flaky(tmp_path):
