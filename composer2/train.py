@@ -253,8 +253,11 @@ def head_ce(h, w, y, mask) -> tuple[torch.Tensor, torch.Tensor]:
     if h.shape[-1] != w.shape[-1]: raise ValueError(f"head_ce: h has {h.shape[-1]} features, the head weight {w.shape[-1]}")
     y, m = _targets(y, mask)
     if h[..., 0].numel() != y.numel(): raise ValueError(f"head_ce: {h[..., 0].numel()} rows of h, {y.numel()} targets")
+    h, n = h.float().reshape(-1, h.shape[-1]), m.sum()
+    if not bool((m != 0).all()):     # rows that count nothing (prompts, padding) add nothing to the loss or a gradient
+        keep = (m != 0).nonzero()[:, 0]; h, y, m = h.index_select(0, keep), y[keep], m[keep]
     grad = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)     # (forward runs under no_grad)
-    return _HeadCE.apply(h.float().reshape(-1, h.shape[-1]), w.float(), y.clamp_min(0), m, grad), m.sum()
+    return _HeadCE.apply(h, w.float(), y.clamp_min(0), m, grad), n
 
 
 # %% ../nbs/5_train/00_train.ipynb #c015

@@ -135,6 +135,16 @@ def test_head_ce_equals_the_fp64_reference_across_blocks():
     torch.testing.assert_close(s.double(), ref, atol=1e-3, rtol=1e-6)
     torch.testing.assert_close(h.grad.double(), h2.grad, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(w.grad.double(), w2.grad, atol=1e-5, rtol=1e-5)     # a sum over 1300 rows in fp32
+    assert (h.grad[mm == 0] == 0).all()         # rows that count nothing are left out: exactly no gradient
+
+def test_head_ce_with_no_row_counted():
+    "Every row masked or -100: a zero loss, zero gradients, no error (an SFT batch of prompts only)."
+    from composer2.train import head_ce
+    h, w = torch.randn(6, 8, requires_grad=True), torch.randn(20, 8, requires_grad=True)
+    y = torch.randint(0, 20, (6,)); y[0] = -100
+    s, c = head_ce(h, w, y, torch.tensor([1, 0, 0, 0, 0, 0]))
+    s.backward()
+    assert c == 0 and s == 0 and (h.grad == 0).all() and (w.grad == 0).all()
 
 def test_head_ce_without_a_gradient_and_with_bad_shapes():
     from composer2.train import head_ce
