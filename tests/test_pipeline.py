@@ -86,3 +86,20 @@ def test_smoke_pipeline_runs_every_stage(tmp_path):
     # (report and report_card are stale on purpose since the forced re-runs above; the studies' own stages are not)
     r2 = subprocess.run([str(BIN / 'dvc'), 'status', 'studies/dvc.yaml'], cwd=ws, env=env, capture_output=True, text=True)
     assert 'up to date' in r2.stdout.lower(), r2.stdout
+
+def test_committed_metrics_name_no_absolute_path():
+    """A metric file is a cached output: the same inputs must give the same bytes in any checkout, so no absolute path
+    (`/tmp/<clone>/data/...`) may appear in one (provenance, kept beside it, may name them)."""
+    import re
+    from pathlib import Path
+    def strings(o):
+        if isinstance(o, str): yield o
+        elif isinstance(o, dict):
+            for k, v in o.items(): yield k; yield from strings(v)
+        elif isinstance(o, list):
+            for v in o: yield from strings(v)
+    files = sorted((Path(ROOT) / 'reports' / 'metrics').rglob('*.json'))
+    assert files
+    for f in files:
+        bad = [s for s in strings(json.loads(f.read_text())) if re.search(r'''(^|[\s('"])/(tmp|work|home|root|usr|opt|var|mnt)/''', s)]
+        assert not bad, f'{f.name}: absolute paths {bad[:3]}'

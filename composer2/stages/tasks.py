@@ -88,7 +88,7 @@ def run_v2(params: str = 'params.yaml') -> dict:
     bench, info = build_v2(repos, cfg.plan, cfg.seed, cfg.runs, cfg.timeout_s, cfg.backend, cfg.workers,
                            extra=class_targets(repos), cap=cfg.max_per_template, top_up=cfg.top_up, log=log)
     for t in bench: t.id = f"{cfg.bench_name.lower()}-{cfg.version}/{t.id}"
-    corpora = [root / p for p in cfg.corpora]
+    corpora = list(cfg.corpora)         # relative to the repository (the cwd): the metrics name them the same in any checkout
     first = scan_content(bench, corpora, cfg.min_shared_shingles, fail=False)   # drop the tasks a training document overlaps
     if first['hit_tasks']:
         log(f"tasks_v2: dropping {len(first['hit_tasks'])} contaminated task(s): {'; '.join(first['hit_examples'][:3])}")
