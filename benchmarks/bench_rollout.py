@@ -4,12 +4,9 @@ a share of that batch's wall time, measured in the same run:
 - decode steps (`TokenPolicy.advance`: the model forward, sampling, cache bookkeeping), of which the model forward;
 - everything else: the environments' tool calls (each round of `run_episodes` waits for all of them, so no decoding
   runs meanwhile), resets, grading and the episode loop.
-Where the CPU has bf16 instructions, a bf16 model's KV cache is bf16 (`decoding.cache_dtype`): the same batch then also
-runs with an fp32 cache (the choice elsewhere), `--rounds` interleaved rounds of each, and prints the model forward per
-generated token and the generated tokens/s of the two (sampling diverges between them, so per token, not per batch).
 Then the decode forward at batch 32 / 64 / 128 (one token per row, 400 tokens of context), per row against batch
 128: what splitting the batch into cohorts (decode one while the other's tools run) would cost.
-Needs the default pipeline's outputs (`dvc repro agent_sft`); skipped without them. `python benchmarks/bench_rollout.py [--groups 8] [--k 16] [--rounds 2]`."""
+Needs the default pipeline's outputs (`dvc repro agent_sft`); skipped without them. `python benchmarks/bench_rollout.py [--groups 8] [--k 16]`."""
 import argparse, dataclasses, sys, time
 from pathlib import Path
 import torch
@@ -20,7 +17,6 @@ def main():
     ap.add_argument('--k', type=int, default=16)
     ap.add_argument('--threads', type=int, default=1)
     ap.add_argument('--dtype', default=None, help='rollout weights (default: eval_rl.rollout.dtype)')
-    ap.add_argument('--rounds', type=int, default=2, help='rounds of the two KV-cache arms, interleaved (best of each)')
     a = ap.parse_args()
     root = Path(__file__).resolve().parents[1]
     from composer2.config import load_section, to_dict
@@ -42,39 +38,25 @@ def main():
     spec = WorkerSpec(to_dict(model.cfg), tok.hf.to_str(), rc, fac, len(jobs), 1, 0)
     rmodel, codec = build_rollout_model(spec); RR.load_state_into(rmodel, RR.publishable_state(model))
 
-    import composer2.decoding as D
-    def rollout(fp32_cache: bool):
-        "One rollout batch; with `fp32_cache` the KV cache is fp32 whatever the CPU (the choice `cache_dtype` makes without bf16 instructions)."
-        T = {'advance': 0.0, 'forward': 0.0}
-        def timed(key, f):
-            def g(*args, **kw):
-                t = time.perf_counter(); out = f(*args, **kw); T[key] += time.perf_counter() - t; return out
-            return g
-        adv, fwd, has = RR.TokenPolicy.advance, rmodel.forward, D.cpu_has_bf16
-        RR.TokenPolicy.advance = timed('advance', adv)
-        rmodel.forward = timed('forward', fwd)
-        if fp32_cache: D.cpu_has_bf16 = lambda: False
-        try:
-            t0 = time.perf_counter()
-            res, _, _ = rollout_groups(rmodel, codec, spec, jobs, None, 0, RR.episode_generators(jobs, 0))
-            wall = time.perf_counter() - t0
-        finally:
-            RR.TokenPolicy.advance = adv; rmodel.forward = fwd; D.cpu_has_bf16 = has
-        return wall, T, sum(t.gen_tokens for _, ts in res for t in ts)
-    kv = D.cache_dtype(next(rmodel.parameters())); runs = {}
-    for fp32 in ([True, False] * a.rounds if kv != torch.float32 else [False]):     # interleaved rounds
-        w, T, n = rollout(fp32)
-        if fp32 not in runs or n / w > runs[fp32][2] / runs[fp32][0]: runs[fp32] = (w, T, n)   # the best round's figures
-    wall, T, ngen = runs[False]
-    print(f'rollout of {a.groups} tasks x {a.k} samples, {rc.dtype}, {kv} KV cache, {a.threads} thread(s): wall {wall:.1f} s, '
+    T = {'advance': 0.0, 'forward': 0.0}
+    def timed(key, f):
+        def g(*args, **kw):
+            t = time.perf_counter(); out = f(*args, **kw); T[key] += time.perf_counter() - t; return out
+        return g
+    adv, fwd = RR.TokenPolicy.advance, rmodel.forward
+    RR.TokenPolicy.advance = timed('advance', adv)
+    rmodel.forward = timed('forward', fwd)
+    try:
+        t0 = time.perf_counter()
+        res, _, _ = rollout_groups(rmodel, codec, spec, jobs, None, 0, RR.episode_generators(jobs, 0))
+        wall = time.perf_counter() - t0
+    finally:
+        RR.TokenPolicy.advance = adv; rmodel.forward = fwd
+    ngen = sum(t.gen_tokens for _, ts in res for t in ts)
+    print(f'rollout of {a.groups} tasks x {a.k} samples, {rc.dtype}, {a.threads} thread(s): wall {wall:.1f} s, '
           f'{ngen} generated tokens ({ngen / wall:.0f}/s)')
     print(f'RATIO decode steps / wall = {T["advance"] / wall:.2f}  (model forward {T["forward"] / wall:.2f})')
     print(f'RATIO tool calls, resets, grading and loop / wall = {(wall - T["advance"]) / wall:.2f}')
-    if True in runs:                    # the same batch with an fp32 cache (sampling diverges: per generated token)
-        w32, T32, n32 = runs[True]
-        print(f'fp32 KV cache: wall {w32:.1f} s, {n32} generated tokens ({n32 / w32:.0f}/s)')
-        print(f'RATIO model forward per generated token, fp32 cache / {kv} cache = {T32["forward"] / n32 / (T["forward"] / ngen):.2f}')
-        print(f'RATIO generated tokens/s, {kv} cache / fp32 cache = {ngen / wall / (n32 / w32):.2f}')
 
     from composer2.decoding import KVCache
     per_row = {}

@@ -5,8 +5,6 @@
 # %% ../nbs/3_model/02_decoding.ipynb #d003
 from __future__ import annotations
 from dataclasses import dataclass
-import functools
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -14,24 +12,15 @@ import torch
 from .model import frozen_weights
 
 # %% auto #0
-__all__ = ['cpu_has_bf16', 'cache_dtype', 'KVCache', 'Generation', 'sample_from', 'top_p_filter', 'sample_next', 'generate',
-           'StaticView', 'compiled_step']
+__all__ = ['cache_dtype', 'KVCache', 'Generation', 'sample_from', 'top_p_filter', 'sample_next', 'generate', 'StaticView',
+           'compiled_step']
 
 # %% ../nbs/3_model/02_decoding.ipynb #c012
-@functools.cache
-def cpu_has_bf16() -> bool:
-    "Does this CPU multiply bf16 natively (x86 AVX512-BF16 or AMX-BF16, ARM BF16), by Linux's /proc/cpuinfo flags?"
-    try: flags = set(Path('/proc/cpuinfo').read_text().split())
-    except OSError: return False          # not Linux: assume not (fp32 caches: slower where it has them, never much slower)
-    return bool(flags & {'avx512_bf16', 'amx_bf16', 'bf16'})
-
 def cache_dtype(p: torch.Tensor) -> torch.dtype:
-    """The KV cache's default dtype for weights `p`: theirs, except that on a CPU without bf16 instructions
-    (`cpu_has_bf16`) a reduced-precision model keeps its cache in fp32: the cached keys and values are the model's
-    bf16/fp16 values exactly (widening is exact), and attention runs in fp32 there, SDPA's bf16 kernel being 3-5x slower."""
-    if p.device.type == 'cpu' and (p.dtype == torch.float16 or (p.dtype == torch.bfloat16 and not cpu_has_bf16())):
-        return torch.float32
-    return p.dtype
+    """The KV cache's default dtype for weights `p`: theirs, except that a reduced-precision model on CPU keeps its cache
+    in fp32. The cached keys and values are the model's bf16/fp16 values exactly (widening is exact), and attention then
+    runs in fp32, as the math backend computes bf16 attention anyway: the CPU's bf16 flash kernel measured 3-5x slower."""
+    return torch.float32 if p.device.type == 'cpu' and p.dtype in (torch.bfloat16, torch.float16) else p.dtype
 
 
 # %% ../nbs/3_model/02_decoding.ipynb #c012b

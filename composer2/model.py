@@ -114,8 +114,7 @@ def decode_attention(q, k, v, mask):
     """Attention of one new token per row, q [B, H, 1, D], over cached k, v [B, KV, L, D] where boolean `mask`
     [B, 1, 1, L] marks each row's keys: two batched matmuls with the query heads grouped by their key-value head (no
     copy of k or v per query head). The rows of a rollout batch have different lengths, so SDPA takes a mask there,
-    and its fp32 CPU kernel measured 1.15-1.5x slower than this at 32-128 rows of 300-900 keys (one thread). A bf16
-    cache (`decoding.cache_dtype`) goes to SDPA's bf16 kernel instead: 1.5x this over the same rows, half the bytes read."""
+    and its CPU kernel measured 1.15-1.5x slower than this at 32-128 rows of 300-900 keys (one thread)."""
     B, H, _, D = q.shape; KV = k.shape[1]
     s = torch.matmul(q.view(B, KV, H // KV, D), k.transpose(-1, -2)).mul_(D ** -0.5)       # [B, KV, H / KV, L]
     s.masked_fill_(~mask.reshape(B, 1, 1, -1), float('-inf'))
@@ -168,7 +167,7 @@ class Attention(nn.Module):
             cache.write(layer, k, v, cache.lengths, s0)
             kk, vv = cache.k[layer][:, :, :L], cache.v[layer][:, :, :L]
             dt = torch.promote_types(q.dtype, kk.dtype)     # a wider cache (see `cache_dtype`) sets the attention's dtype
-            if T == 1 and mask is not None and not torch.is_grad_enabled() and dt == torch.float32:
+            if T == 1 and mask is not None and not torch.is_grad_enabled():
                 o = decode_attention(q.to(dt), kk.to(dt), vv.to(dt), mask).to(q.dtype)
             else:
                 o = F.scaled_dot_product_attention(q.to(dt), kk.to(dt), vv.to(dt), attn_mask=mask, is_causal=causal,
