@@ -6,6 +6,7 @@
 from __future__ import annotations
 import ast, glob, re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -69,10 +70,19 @@ def _resolve(name: str, known: dict) -> str | None:
     return None
 
 # %% ../nbs/9_cli/00_graph.ipynb #c008
+@lru_cache(maxsize=4096)
+def _parse(text: str, filename: str) -> ast.Module:
+    "A source's syntax tree, parsed once per distinct text (the text is the key, so an edited file is always parsed anew)."
+    return ast.parse(text, filename)
+
 def module_imports(mod: str, path: Path, known: dict) -> list[Edge]:
     "Every import of another package module in `mod`'s source, at any depth, plus module names in strings."
-    tree = ast.parse(Path(path).read_text(), str(path))
-    pkg = mod.split('.') if Path(path).name == '__init__.py' else mod.split('.')[:-1]
+    return list(_imports(mod, Path(path).read_text(), str(path), Path(path).name == '__init__.py', frozenset(known)))
+
+@lru_cache(maxsize=4096)
+def _imports(mod: str, text: str, filename: str, is_init: bool, known: frozenset) -> tuple[Edge, ...]:
+    tree = _parse(text, filename)
+    pkg = mod.split('.') if is_init else mod.split('.')[:-1]
     edges, depth = [], {}
     def walk(node, d):
         for ch in ast.iter_child_nodes(node):
@@ -94,7 +104,7 @@ def module_imports(mod: str, path: Path, known: dict) -> list[Edge]:
                 add(sub if sub in known else base, n)
         elif isinstance(n, ast.Constant) and isinstance(n.value, str) and (m := _STR.match(n.value)):
             add(m.group(1)[1:], n, 'string')
-    return sorted(set(edges), key=lambda e: (e.line, e.dst))
+    return tuple(sorted(set(edges), key=lambda e: (e.line, e.dst)))
 
 # %% ../nbs/9_cli/00_graph.ipynb #c011
 def import_graph(pkg: Path | None = None) -> tuple[dict, list[Edge]]:
@@ -142,7 +152,7 @@ def layer_violations(pkg: Path | None = None, layers: dict | None = None) -> lis
 # %% ../nbs/9_cli/00_graph.ipynb #c015
 def _literal(path: Path, name: str):
     "The value of module-level assignment `name = <literal>` in a source file, or None."
-    for n in ast.parse(Path(path).read_text()).body:
+    for n in _parse(Path(path).read_text(), str(path)).body:
         if isinstance(n, (ast.Assign, ast.AnnAssign)):
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             if any(isinstance(t, ast.Name) and t.id == name for t in targets): return ast.literal_eval(n.value)
