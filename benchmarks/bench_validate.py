@@ -24,7 +24,8 @@ if a.backend == 'sandbox' and not bwrap_available():
 cfg = load_section(TasksV2Config, 'tasks_v2', repo_root() / 'params.yaml')
 if a.stdlib_only: cfg = dataclasses.replace(cfg, sdists=[])
 have = repo_root() / 'data' / 'tasks_v2' / 'sdists'
-repos, _ = make_repos(cfg, have if have.exists() else tempfile.mkdtemp(prefix='bench_validate_'))
+tmp = None if have.exists() else tempfile.TemporaryDirectory(prefix='bench_validate_')   # removed at exit, even on an error
+repos, _ = make_repos(cfg, have if tmp is None else tmp.name)
 plan = {'split_module': 4, 'debug_multi': 5, 'devops_repair': 4, 'feature_funcs': 4}
 ours = G._runs
 
