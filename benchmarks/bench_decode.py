@@ -7,7 +7,8 @@ The HF model comes from `composer2.hf.export_hf` (Qwen2-MoE; the shared expert w
 sigmoid(0) = 1/2, and its down projection doubled). Prints max |dlogit|
 of a full forward, the fraction of greedy tokens that agree, tokens/s of both and the ratio ours/HF, for our eager steps
 and for our compiled ones (`generate(compile=True)`: one graph per batch size, compiled before timing; the compile time is
-printed apart). HF runs its default eager `generate`, as a user would call it."""
+printed apart). HF runs its default eager `generate`, as a user would call it. Each arm is also timed generating one token
+(the prefill and the first token), so the ratio splits into the prefill's and the later steps'."""
 import argparse, sys, time
 import torch
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
@@ -47,11 +48,11 @@ def main(argv=None):
     for B in [int(b) for b in a.batches.split(',')]:
         P, N = a.prompt, a.new
         prompts = torch.randint(0, cfg.vocab_size, (B, P))
-        ours = lambda: generate(m, prompts.tolist(), max_new_tokens=N)
-        comp = lambda: generate(m, prompts.tolist(), max_new_tokens=N, compile=True)
+        ours = lambda n=N: generate(m, prompts.tolist(), max_new_tokens=n)
+        comp = lambda n=N: generate(m, prompts.tolist(), max_new_tokens=n, compile=True)
         @torch.inference_mode()
-        def theirs():
-            return hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=N, min_new_tokens=N,
+        def theirs(n=N):
+            return hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=n, min_new_tokens=n,
                                do_sample=False, pad_token_id=0, eos_token_id=None)
         to, th = ours().tokens, theirs()[:, P:].tolist()
         arms = [('eager', ours)]
@@ -61,20 +62,25 @@ def main(argv=None):
         for _ in range(a.warmup): [f() for _, f in arms]; theirs()
         agree = sum(x == y for r, s in zip(to, th) for x, y in zip(r, s)) / (B * N)
         first = sum(r[:1] == s[:1] for r, s in zip(to, th)) / B
-        wall = {n: [] for n, _ in arms + [('HF', theirs)]}; cpu = {n: [] for n in wall}
+        wall = {n: [] for n, _ in arms + [('HF', theirs)]}; cpu = {n: [] for n in wall}; first_tok = {n: [] for n in wall}
         for _ in range(a.reps):      # interleaved, so that machine noise hits all arms alike
             for n, f in arms + [('HF', theirs)]:
                 t0, c0 = time.perf_counter(), time.process_time(); f()
                 wall[n].append(time.perf_counter() - t0); cpu[n].append(time.process_time() - c0)
+                t0 = time.perf_counter(); f(1); first_tok[n].append(time.perf_counter() - t0)   # the prefill and one token
         best = {n: min(w) for n, w in wall.items()}; med = {n: sorted(w)[len(w) // 2] for n, w in wall.items()}
         print(f"batch {B}: " + ', '.join(f"{n} {B*N/best[n]:,.0f} tok/s (median {B*N/med[n]:,.0f})" for n in wall)
               + f"; eager greedy tokens equal HF's {agree:.1%} (first token {first:.0%})")
         if not a.no_compile:
             same = sum(x == y for r, s in zip(to, tc) for x, y in zip(r, s)) / (B * N)
             print(f"  compiled: first call {tcomp:.1f} s (compile + one run); greedy tokens equal eager's {same:.1%}")
+        pre = {n: min(w) for n, w in first_tok.items()}; step = {n: (best[n] - pre[n]) / max(1, N - 1) for n in wall}
+        print("  where the time goes (best of each): " + ', '.join(f"{n} prefill + first token {pre[n] * 1e3:.1f} ms, "
+                                                              f"then {step[n] * 1e3:.2f} ms a step" for n in wall))
         for n, _ in arms:
             print(f"RATIO ours {n}/HF batch {B} = {best['HF'] / best[n]:.2f}x wall best (medians {med['HF'] / med[n]:.2f}x; "
-                  f"process CPU time best {min(cpu['HF']) / min(cpu[n]):.2f}x)")
+                  f"process CPU time best {min(cpu['HF']) / min(cpu[n]):.2f}x; prefill {pre['HF'] / pre[n]:.2f}x, "
+                  f"later steps {step['HF'] / step[n]:.2f}x)")
 
 
 if __name__ == '__main__':
