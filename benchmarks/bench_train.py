@@ -2,7 +2,8 @@
 AdamW; `head_ce`: the head and cross entropy in row blocks, as `train` runs them): tokens/s, and achieved FLOP/s as a
 fraction of a plain torch matmul's FLOP/s measured in the same run (best of `--repeat` timings of `--steps` optimizer
 steps; matmul: best of 10). Also the same step with the full logits and `masked_ce` (the trainer before `head_ce`),
-interleaved with it, and the ratio of the two. `--trainer N` also times `composer2.train.train` itself for N steps,
+interleaved with it, and the ratio of the two. Then the ceiling: the step's GEMMs (`step_gemms`) timed alone as plain
+`torch.mm` calls at the same shapes, their share of the step's time and their rate against the matmul's. `--trainer N` also times `composer2.train.train` itself for N steps,
 both ways, three runs each interleaved, each run in a fresh process as a pipeline stage runs it: the trainer keeps each
 step's last forward output alive into the next step (32 MB of logits at 16 x 128 on the full-logits path), and a fresh
 process's allocator hands out such buffers as new pages, neither of which a bare step loop in a warmed process shows.
@@ -62,6 +63,28 @@ print(f"training: {tokens / t:,.0f} tokens/s, {flops / 1e9:.2f} GFLOP/s achieved
 print(f"torch fp32 matmul 512^3 in the same run: {base / 1e9:.2f} GFLOP/s")
 print(f"RATIO achieved/matmul = {flops / base:.3f}")
 print(f"full logits + masked_ce: {tokens / t_full:,.0f} tokens/s; RATIO full-logits step time / head_ce step time = {t_full / t:.2f}x")
+
+def step_gemms(B, T):
+    """(M, K, N, count) of every GEMM of one training step of the default model, forward then dgrad and wgrad: separate
+    q/k/v/o projections, the router, the experts' fused gate|up and down GEMMs over perfectly balanced experts, the
+    shared expert's three, attention's two per (batch row, head), the head in `head_ce`'s 512-row blocks."""
+    n, d, h, E, k = B * T, cfg.d_model, cfg.d_expert, cfg.n_experts, cfg.top_k
+    hd, nh, nkv, hs = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.d_shared or cfg.d_expert * cfg.n_shared_experts
+    fwd = []
+    for _ in range(cfg.n_layers):
+        fwd += [(n, d, nh * hd, 1), (n, d, nkv * hd, 2), (n, nh * hd, d, 1), (n, d, E, 1),
+                (n * k // E, d, 2 * h, E), (n * k // E, h, d, E), (n, d, hs, 2), (n, hs, d, 1),
+                (T, hd, T, B * nh), (T, T, hd, B * nh)]
+    fwd += [(min(512, n), d, cfg.vocab_size, -(-n // 512))]
+    return [g for (M, K, N, c) in fwd for g in ((M, K, N, c), (M, N, K, c), (K, M, N, c))]
+
+# The ceiling this ratio can reach: the same GEMMs as plain torch.mm calls at the step's shapes, nothing else.
+g_t = g_f = 0.0
+for (M, K, N, c) in step_gemms(a.batch, a.seq):
+    A, Bm, O = torch.randn(M, K), torch.randn(K, N), torch.empty(M, N)
+    g_t += c * best_time(lambda: torch.mm(A, Bm, out=O), repeat=10, warmup=2); g_f += c * 2 * M * K * N
+print(f"the step's GEMMs alone (plain torch.mm at its shapes, balanced experts): {g_f / 1e9:.2f} GFLOP in {g_t * 1e3:.1f} ms, "
+      f"{g_t / t:.0%} of the step's {t * 1e3:.1f} ms; RATIO GEMMs-alone rate/matmul = {g_f / g_t / base:.3f}")
 
 if a.trainer:
     import subprocess
