@@ -27,6 +27,7 @@
 # Exit: 0 every part passed, 1 a part failed, 2 no CUDA device (refused; the JSON says so), 3 no usable python/torch,
 # 64 bad arguments.
 set -u -o pipefail
+unset PYTEST_ADDOPTS    # the cuda_tests part reads pytest's own -q output: a caller's -v (say) must not change it
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HERE")
