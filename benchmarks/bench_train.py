@@ -79,8 +79,11 @@ def step_gemms(B, T):
     return [g for (M, K, N, c) in fwd for g in ((M, K, N, c), (M, N, K, c), (K, M, N, c))]
 
 # The ceiling this ratio can reach: the same GEMMs as plain torch.mm calls at the step's shapes, nothing else.
+from collections import Counter
+shapes = Counter()
+for (M, K, N, c) in step_gemms(a.batch, a.seq): shapes[M, K, N] += c      # each distinct shape timed once
 g_t = g_f = 0.0
-for (M, K, N, c) in step_gemms(a.batch, a.seq):
+for (M, K, N), c in shapes.items():
     A, Bm, O = torch.randn(M, K), torch.randn(K, N), torch.empty(M, N)
     g_t += c * best_time(lambda: torch.mm(A, Bm, out=O), repeat=10, warmup=2); g_f += c * 2 * M * K * N
 print(f"the step's GEMMs alone (plain torch.mm at its shapes, balanced experts): {g_f / 1e9:.2f} GFLOP in {g_t * 1e3:.1f} ms, "
