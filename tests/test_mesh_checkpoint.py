@@ -94,8 +94,9 @@ def test_mesh_checkpoint_resumes_in_one_process(tmp_path, tmp_path_factory):
     ref = _single(tmp_path_factory); _mesh_half(tmp_path_factory, tmp_path)
     _close(_run(tmp_path, seed=123), ref, 'dp2xep2 -> single')
 
-@pytest.mark.numerics
-@pytest.mark.parametrize('par', [dict(dp=4), dict(cp=2, ep=2), dict(dp=2, tp=2)], ids=['dp4', 'cp2xep2', 'dp2xtp2'])
+# (on ATen's portable kernels, numerics: the layout that shards most ways, cp2xep2; the others only regroup ranks)
+@pytest.mark.parametrize('par', [dict(dp=4), pytest.param(dict(cp=2, ep=2), marks=pytest.mark.numerics), dict(dp=2, tp=2)],
+                         ids=['dp4', 'cp2xep2', 'dp2xtp2'])
 def test_mesh_checkpoint_resumes_on_another_mesh(par, tmp_path, tmp_path_factory):
     ref = _single(tmp_path_factory); _mesh_half(tmp_path_factory, tmp_path)
     for r in spawn_local(_worker, 4, str(tmp_path), None, 123, par): _close(r, ref, f'dp2xep2 -> {par}')

@@ -104,6 +104,7 @@ def _check_two_rank_run(ranks, out_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.real_spawn         # a Ray node started from a rank forked by the forkserver timed out starting (tests/conftest.py)
 def test_two_trainer_ranks_with_ray_workers_train_and_first_update_equals_one_rank(tmp_path, ray_serial):
     pytest.importorskip('ray')
     ranks = spawn_local(_rank_run, 2, tmp_path, 'ray')
@@ -130,6 +131,7 @@ def _failing_rank(rank, world):
     except Exception as e: return f'{type(e).__name__}: {e}'
 
 
+@pytest.mark.real_spawn         # the package's own start method (tests/conftest.py forks ranks elsewhere)
 def test_a_failure_of_rank_0_stops_the_other_ranks():
     e0, e1 = spawn_local(_failing_rank, 2)
     assert e0.startswith('ConfigError') and 'adaptive_categories' in e0
