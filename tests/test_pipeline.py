@@ -4,6 +4,7 @@ import pytest
 from conftest import ROOT, BIN
 
 @pytest.mark.slow
+@pytest.mark.first     # minutes: its file starts first under pytest-xdist (tests/conftest.py)
 def test_smoke_pipeline_runs_every_stage(tmp_path):
     env = {**os.environ, 'PATH': f"{BIN}:{os.environ['PATH']}", 'OMP_NUM_THREADS': '2'}
     ws = tmp_path / 'ws'
