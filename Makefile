@@ -39,8 +39,9 @@ nbcheck: $(STAMP)
 # holds on one CPU's vector path fails here rather than on a user's machine.
 # pytest-xdist: every test sets torch to one thread, so one worker per core (a whole file per worker, so module
 # fixtures are built once): on 2 cores the main pass fell from 14 to 11 min; TEST_WORKERS=0 runs in one process.
+# Files are handed out in tests/conftest.py's order (the `first`-marked smoke pipeline first), not re-sorted by xdist.
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
-XDIST := $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: install nbcheck
 	$(BIN)/python -m pytest -q $(XDIST) tests
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q $(XDIST) -m numerics tests

@@ -14,13 +14,16 @@ if os.environ.get('ATEN_CPU_CAPABILITY') and 'TORCHINDUCTOR_CACHE_DIR' not in os
         tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
 def pytest_collection_modifyitems(config, items):
-    """Files holding a `first`-marked test run before the others (stable sort: the order within each part stays).
-    `make test` hands pytest-xdist a whole file per worker (`--dist loadfile`), so a file of minutes queued late left
-    the other worker idle at the end: the smoke pipeline (4.5-6 min) started after some 485 s of its worker's files,
-    and the other worker finished 200 s earlier (`pytest -v -n 2 --durations=0`, Intel Xeon, 2026-12-07); on an AMD
-    EPYC (AVX2) the last four tests, the smoke pipeline among them, took the main pass's last 6 of its 14.7 minutes."""
-    first = {it.path for it in items if it.get_closest_marker('first')}
-    items[:] = sorted(items, key=lambda it: it.path not in first)
+    """Files holding a `first`-marked test run before the others; the rest by their number of tests, most first (stable
+    sorts: the order within a file stays). `make test` hands pytest-xdist a whole file per worker (`--dist loadfile`)
+    with `--no-loadscope-reorder`, so this order is the one the workers take files in: the order pytest-xdist would
+    choose itself (most tests first), except that a file of minutes queued late no longer leaves the other worker idle at
+    the end. Without the `first` file first, the smoke pipeline (4.5-6 min, two tests in its file) started after some
+    485 s of its worker's files and the other worker finished 200 s earlier (Intel Xeon, 2026-12-07); on an AMD EPYC
+    (AVX2) the main pass's last 6 of its 14.7 minutes ran its last four tests, the smoke pipeline among them."""
+    from collections import Counter
+    first, count = {it.path for it in items if it.get_closest_marker('first')}, Counter(it.path for it in items)
+    items[:] = sorted(items, key=lambda it: (it.path not in first, -count[it.path]))
 
 @pytest.fixture(autouse=True)
 def _threads():
