@@ -33,7 +33,7 @@ def _threads():
 # ---- local ranks: forked from a server that has imported torch and composer2, not spawned ----
 # `composer2.parallel.spawn_local` and `composer2.pretrain_cp.run_pretrain_cp` start their ranks with
 # `torch.multiprocessing.spawn`: each rank a fresh interpreter that imports torch and composer2 (~2.5 s of CPU each; a
-# 4-rank start took 5.9 s on 2 idle cores). The tests start ranks some 40 times, so here `spawn` forks them from
+# 4-rank start took 5.9 s on 2 idle cores). Every multi-process test starts ranks, so here `spawn` forks them from
 # multiprocessing's forkserver, which imported those modules once (a 4-rank start: 0.12 s). Each rank first takes the
 # parent's working directory and environment as they are at the call, which is what a spawned rank sees; everything
 # else (pickled function and arguments, gloo, the error a failing rank raises) is the same code path. Tests marked
