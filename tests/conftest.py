@@ -1,4 +1,4 @@
-import os, subprocess, sys
+import multiprocessing, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
 
@@ -39,6 +39,7 @@ def _threads():
 # else (pickled function and arguments, gloo, the error a failing rank raises) is the same code path. Tests marked
 # `real_spawn` keep the plain `spawn`, so the package's own start method stays tested too.
 _PRELOAD = ['torch', 'composer2.parallel', 'composer2.mesh', 'composer2.train', 'composer2.pretrain_cp', 'composer2.rl']
+multiprocessing.set_forkserver_preload(_PRELOAD)    # read once, when this process first starts its forkserver
 
 def _as_spawned(rank, fn, cwd, env, args):
     os.chdir(cwd); os.environ.clear(); os.environ.update(env)
@@ -52,8 +53,7 @@ def _forkserver_spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_meth
 @pytest.fixture(autouse=True)
 def _fast_local_ranks(request, monkeypatch):
     if request.node.get_closest_marker('real_spawn') is None:
-        import multiprocessing, torch.multiprocessing as mp
-        multiprocessing.set_forkserver_preload(_PRELOAD)      # read when this process first starts its forkserver
+        import torch.multiprocessing as mp
         monkeypatch.setattr(mp, 'spawn', _forkserver_spawn)
     yield
 
