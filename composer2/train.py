@@ -228,21 +228,16 @@ _HEAD_ROWS = 256   # rows per block of `head_ce`: a [256, V] block of logits sta
 
 class _HeadCE(torch.autograd.Function):
     """sum_i m_i (logsumexp(z_i) - z_i[y_i]) for the logits z = h @ w.T (h [N, d], w [V, d]), in blocks of `_HEAD_ROWS`
-    rows, each written into one reused buffer and then worked on in place (shifted by its row max, exponentiated, and
-    with a gradient wanted turned into its dL/dz, from which come its rows of dL/dh and its share of dL/dw; see above).
-    Only [N, d] and [V, d] gradients are kept between forward and backward."""
+    rows (the same `_ce_sum` and `_ce_grad` as `_MaskedCE`); with a gradient wanted, each block also computes its dL/dz
+    and from it its rows of dL/dh and its share of dL/dw (see above). Only [N, d] and [V, d] gradients are kept between forward and backward."""
     @staticmethod
     def forward(ctx, h, w, y, m, grad: bool):
         dh, dw, tot = (torch.empty_like(h) if grad else None), (torch.zeros_like(w) if grad else None), h.new_zeros(())
-        buf = h.new_empty(min(_HEAD_ROWS, h.shape[0]), w.shape[0])     # one block of logits, reused by every block
         for a, b in _blocks(h.shape[0], _HEAD_ROWS):
-            z = torch.mm(h[a:b], w.t(), out=buf[:b - a])
-            z.sub_(z.amax(-1, keepdim=True)); zy = z.gather(1, y[a:b, None])[:, 0]    # logits less their row max
-            s = z.exp_().sum(-1)                                                       # z now exp(z - max)
-            tot += ((s.log() - zy) * m[a:b]).sum()                                     # lse - z_y = log s - (z_y - max)
+            z = torch.mm(h[a:b], w.t()); lse = torch.logsumexp(z, -1)
+            tot += _ce_sum(z, lse, y[a:b], m[a:b])
             if grad:
-                gm = m[a:b, None]
-                z.mul_(gm / s[:, None]).scatter_add_(1, y[a:b, None], -gm)            # dL/dz = m (softmax - onehot)
+                _ce_grad(z, lse, y[a:b], m[a:b, None], out=z)     # dL/dz of the block, in place of its logits
                 torch.mm(z, w, out=dh[a:b]); dw.addmm_(z.t(), h[a:b])
         ctx.save_for_backward(dh, dw)
         return tot
@@ -259,9 +254,8 @@ def head_ce(h, w, y, mask) -> tuple[torch.Tensor, torch.Tensor]:
     y, m = _targets(y, mask)
     if h[..., 0].numel() != y.numel(): raise ValueError(f"head_ce: {h[..., 0].numel()} rows of h, {y.numel()} targets")
     h, n = h.float().reshape(-1, h.shape[-1]), m.sum()
-    counted = m != 0
-    if not bool(counted.all()):      # rows that count nothing (prompts, padding) add nothing to the loss or a gradient
-        keep = counted.nonzero()[:, 0]; h, y, m = h.index_select(0, keep), y[keep], m[keep]
+    if not bool((m != 0).all()):     # rows that count nothing (prompts, padding) add nothing to the loss or a gradient
+        keep = (m != 0).nonzero()[:, 0]; h, y, m = h.index_select(0, keep), y[keep], m[keep]
     grad = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)     # (forward runs under no_grad)
     return _HeadCE.apply(h, w.float(), y.clamp_min(0), m, grad), n
 
