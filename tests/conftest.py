@@ -1,6 +1,7 @@
 import multiprocessing, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
+import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -46,14 +47,13 @@ def _as_spawned(rank, fn, cwd, env, args):
     return fn(rank, *args)
 
 def _forkserver_spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method='spawn'):
-    import torch.multiprocessing as mp
+    "`torch.multiprocessing.spawn`'s signature; the start method is always the forkserver."
     return mp.start_processes(_as_spawned, args=(fn, os.getcwd(), dict(os.environ), tuple(args)), nprocs=nprocs, join=join,
                               daemon=daemon, start_method='forkserver')
 
 @pytest.fixture(autouse=True)
 def _fast_local_ranks(request, monkeypatch):
     if request.node.get_closest_marker('real_spawn') is None:
-        import torch.multiprocessing as mp
         monkeypatch.setattr(mp, 'spawn', _forkserver_spawn)
     yield
 
